@@ -1,0 +1,41 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Each bootstraps .venv with the interpreter in $(PYTHON).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
+
+.PHONY: demo test venv lint typecheck unit bench docs clean
+
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip uv
+
+# Install the packages as users get them (not the source tree), so the
+# tests exercise what a wheel ships.
+venv: $(BIN)/uv
+	$(UV) --reinstall-package poolkeeper ".[test,lint,bench,docs]"
+
+demo: venv
+	$(BIN)/python examples/quickstart.py
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+	$(BIN)/pyright
+	$(BIN)/pyright --verifytypes poolkeeper --ignoreexternal
+
+unit: venv
+	cd tests && ../$(BIN)/python -m pytest
+
+test: lint typecheck unit
+
+bench: venv
+	$(BIN)/python benchmarks/bench_hit_path.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,43 @@
+"""poolkeeper: one SDK client per process, built once, rebuilt safely."""
+
+from __future__ import annotations
+
+from poolkeeper import keys
+from poolkeeper._decorator import process_singleton
+from poolkeeper._fingerprint import fingerprint
+from poolkeeper._registry import close_all
+from poolkeeper._singleton import ProcessSingleton
+from poolkeeper._stats import Statistics
+from poolkeeper.exceptions import (
+    PoolkeeperError,
+    PoolkeeperWarning,
+    ReentrantBuildError,
+    UnclosedClientWarning,
+)
+
+__all__ = [
+    "PoolkeeperError",
+    "PoolkeeperWarning",
+    "ProcessSingleton",
+    "ReentrantBuildError",
+    "Statistics",
+    "UnclosedClientWarning",
+    "close_all",
+    "fingerprint",
+    "keys",
+    "process_singleton",
+]
+
+__version__ = "0.1.0"
+
+
+# Public objects live in private modules; name them by where users find
+# them, in reprs, docs and pickles alike.
+def _fix_module_names() -> None:
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("poolkeeper."):
+            obj.__module__ = __name__
+
+
+_fix_module_names()

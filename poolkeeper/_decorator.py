@@ -1,0 +1,213 @@
+"""process_singleton(): argument checks, then a ProcessSingleton."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, TypeAlias, TypeVar, Union, cast, overload
+
+from poolkeeper._singleton import ProcessSingleton, make
+from poolkeeper.keys import EnvKey
+
+T = TypeVar("T")
+
+_OPTIONS = ("after_fork", "close", "fork", "key", "min_rebuild_interval")
+
+KeyOption: TypeAlias = Union[  # noqa: UP007 -- evaluated on Python 3.10.
+    Callable[[], object], tuple[Callable[[], object], ...], None
+]
+
+
+@overload
+def process_singleton(factory: Callable[[], T], /) -> ProcessSingleton[T]: ...
+
+
+@overload
+def process_singleton(
+    factory: None = None,
+    /,
+    *,
+    key: KeyOption = None,
+    close: Callable[[Any], object] | None = None,
+    after_fork: Callable[[Any], object] | None = None,
+    fork: Literal["rebuild", "keep"] = "rebuild",
+    min_rebuild_interval: float = 0.0,
+) -> Callable[[Callable[[], T]], ProcessSingleton[T]]: ...
+
+
+def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
+    factory: Callable[[], T] | None = None,
+    /,
+    *,
+    key: KeyOption = None,
+    close: Callable[[Any], object] | None = None,
+    after_fork: Callable[[Any], object] | None = None,
+    fork: Literal["rebuild", "keep"] = "rebuild",
+    min_rebuild_interval: float = 0.0,
+    **unknown: object,
+) -> ProcessSingleton[T] | Callable[[Callable[[], T]], ProcessSingleton[T]]:
+    """Make a zero-argument client factory a process-wide singleton.
+
+    Use it bare (``@process_singleton``) or with options
+    (``@process_singleton(key=..., close=...)``).
+
+    Args:
+        factory: The function that builds the client; takes no arguments.
+        key: A function (or tuple of functions) returning a hashable value
+            that identifies the configuration, evaluated on every call with
+            no lock held; when its value changes the client is rebuilt and
+            the old one retired. See :mod:`poolkeeper.keys`.
+        close: Called with a retired client to close it. Default: the
+            client's own ``close()`` if it has one, else nothing.
+        after_fork: Called in a forked child with each client inherited
+            from the parent, which the child then abandons without closing.
+            It must not use the client's connections (they are the
+            parent's); release only the child's copies of OS resources.
+        fork: ``"rebuild"`` (default): a forked child builds its own client.
+            ``"keep"``: the child keeps using the parent's, for clients
+            documented as fork-safe.
+        min_rebuild_interval: Seconds after a build during which
+            ``reset()`` retires nothing and returns ``False``.
+        **unknown: Rejected with a clear error; every option is named.
+
+    Returns:
+        The :class:`ProcessSingleton`, or a decorator making one.
+
+    Raises:
+        TypeError: If the factory is not a zero-argument synchronous
+            callable, an option is unknown, or a hook is not callable.
+        ValueError: If *fork* or *min_rebuild_interval* is out of range.
+
+    .. versionadded:: 0.1
+    """
+    if unknown:
+        name = next(iter(unknown))
+        hint = difflib.get_close_matches(name, _OPTIONS, n=1)
+        maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
+        msg = (
+            f"process_singleton() got an unknown option {name!r}{maybe}; "
+            f"the options are {', '.join(_OPTIONS)}."
+        )
+        raise TypeError(msg)
+    combined_key = _check_key(key)
+    _check_options(close, after_fork, fork, min_rebuild_interval)
+
+    def decorate(factory: Callable[[], T]) -> ProcessSingleton[T]:
+        _check_factory(factory)
+        return make(
+            factory,
+            key=combined_key,
+            close=close,
+            after_fork=after_fork,
+            fork=fork,
+            min_rebuild_interval=float(min_rebuild_interval),
+        )
+
+    if factory is None:
+        return decorate
+    return decorate(factory)
+
+
+def _check_options(
+    close: object, after_fork: object, fork: object, interval: object
+) -> None:
+    # Typed as object: these checks are for callers without a type checker.
+    for option, hook in (("close", close), ("after_fork", after_fork)):
+        if hook is not None and not callable(hook):
+            msg = (
+                f"process_singleton({option}=...) must be a callable taking "
+                f"the client, got {type(hook).__name__}."
+            )
+            raise TypeError(msg)
+    if fork not in ("rebuild", "keep"):
+        msg = (
+            f"process_singleton(fork=...) must be 'rebuild' or 'keep', "
+            f"got {fork!r}."
+        )
+        raise ValueError(msg)
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or not interval >= 0
+    ):
+        msg = (
+            "process_singleton(min_rebuild_interval=...) must be a number "
+            f"of seconds >= 0, got {interval!r}."
+        )
+        raise ValueError(msg)
+
+
+def _check_key(key: object) -> Callable[[], object] | None:
+    if key is None:
+        return None
+    parts = cast(
+        "tuple[object, ...]", key if isinstance(key, tuple) else (key,)
+    )
+    if not parts:
+        msg = "process_singleton(key=()) needs at least one key function."
+        raise TypeError(msg)
+    for part in parts:
+        if not callable(part):
+            msg = (
+                "process_singleton(key=...) takes a function returning the "
+                "configuration's key, or a tuple of such functions, got "
+                f"{type(part).__name__}; for environment variables use "
+                "poolkeeper.keys.env('NAME', ...)."
+            )
+            raise TypeError(msg)
+    if len(parts) == 1:
+        return cast("Callable[[], object]", parts[0])
+    return _combine(cast("tuple[Callable[[], object], ...]", parts))
+
+
+def _check_factory(factory: object) -> None:
+    if not callable(factory):
+        msg = (
+            "@process_singleton decorates a function that builds the "
+            f"client, got a {type(factory).__name__}."
+        )
+        raise TypeError(msg)
+    name = getattr(factory, "__qualname__", repr(factory))
+    if inspect.iscoroutinefunction(factory) or inspect.isasyncgenfunction(
+        factory
+    ):
+        msg = (
+            f"{name} is an async function, which @process_singleton does "
+            "not support yet; build the client in a regular function."
+        )
+        raise TypeError(msg)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # Builtins without a signature: trust the caller.
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        msg = (
+            f"{name} takes required parameters ({', '.join(required)}), but "
+            "a singleton factory is called with none; read the "
+            "configuration inside it (and key on it), or bind it with "
+            "functools.partial."
+        )
+        raise TypeError(msg)
+
+
+def _combine(
+    parts: tuple[Callable[[], object], ...],
+) -> Callable[[], object]:
+    """Combine key functions into one returning a tuple of their values."""
+    env_parts = [p for p in parts if isinstance(p, EnvKey)]
+    if len(env_parts) == len(parts):
+        return EnvKey(
+            tuple(dict.fromkeys(n for p in env_parts for n in p.names))
+        )
+
+    def combined() -> tuple[object, ...]:
+        return tuple([part() for part in parts])
+
+    return combined

@@ -1,0 +1,81 @@
+"""Closing retired clients: hook resolution and failure reporting."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import warnings
+from typing import TYPE_CHECKING
+
+from poolkeeper.exceptions import UnclosedClientWarning
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger("poolkeeper")
+
+
+def close_client(
+    name: str,
+    client: object,
+    hook: Callable[[object], object] | None,
+    generation: int,
+) -> bool | None:
+    """Close a retired *client* and say how it went; never raises.
+
+    The hook is *hook* when given, else the client's own ``close()``, else
+    nothing. Runs with no lock held, so a slow close stalls nobody else.
+
+    Returns:
+        ``True`` if the close ran, ``False`` if it failed, ``None`` if the
+        client has nothing to run.
+    """
+    extra = {"poolkeeper_factory": name, "poolkeeper_generation": generation}
+    if hook is None:
+        method = getattr(client, "close", None)
+        if not callable(method):
+            log.debug(
+                "Retired %s client (generation %d) has no close(); "
+                "dropping it.",
+                name,
+                generation,
+                extra=extra,
+            )
+            return None
+        run: Callable[[], object] = method
+    else:
+
+        def run() -> object:
+            return hook(client)
+
+    try:
+        result = run()
+    except Exception:
+        log.warning(
+            "Closing the retired %s client (generation %d) failed; "
+            "it was dropped.",
+            name,
+            generation,
+            exc_info=True,
+            extra=extra,
+        )
+        return False
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            # Silences "never awaited": the warning below says it instead.
+            result.close()
+        warnings.warn(
+            f"Closing the retired {name} client returned an awaitable that "
+            "a synchronous retirement cannot await, so the client may stay "
+            "open; pass close= a function that closes it synchronously.",
+            UnclosedClientWarning,
+            stacklevel=2,
+        )
+        return False
+    log.debug(
+        "Closed the retired %s client (generation %d).",
+        name,
+        generation,
+        extra=extra,
+    )
+    return True

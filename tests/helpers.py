@@ -1,0 +1,145 @@
+"""Test doubles and synchronisation helpers shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+
+WAIT = 10.0  # Upper bound, in seconds, on every wait in the tests.
+
+
+class FakeClient:
+    """A client that records who built it and every close() call."""
+
+    def __init__(self, label: object = None) -> None:
+        self.label = label
+        self.pid = os.getpid()
+        self.thread = threading.get_ident()
+        self.closes: list[int] = []
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.closes)
+
+    def close(self) -> None:
+        self.closes.append(os.getpid())
+
+
+class NoCloseClient:
+    """A client without a close() method."""
+
+
+@dataclass
+class Factory:
+    """A factory that counts builds and can block or fail on demand."""
+
+    gate: threading.Event | None = None
+    entered: threading.Event = field(default_factory=threading.Event)
+    fail_with: BaseException | None = None
+    built: list[FakeClient] = field(default_factory=list)
+    calls: int = 0
+    label: object = None
+
+    def __call__(self) -> FakeClient:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(WAIT), "factory gate never opened"
+        if self.fail_with is not None:
+            raise self.fail_with
+        client = FakeClient(self.label)
+        self.built.append(client)
+        return client
+
+
+def run_threads(target, n: int) -> list[object]:
+    """Run *target* in *n* threads released together; return results."""
+    barrier = threading.Barrier(n)
+    results: list[object] = [None] * n
+
+    def worker(i: int) -> None:
+        barrier.wait(WAIT)
+        try:
+            results[i] = target()
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+        assert not t.is_alive(), "worker thread hung"
+    return results
+
+
+def wait_until(predicate, timeout: float = WAIT) -> bool:
+    """Poll *predicate* until it holds or *timeout* passes."""
+    done = threading.Event()
+    deadline = timeout
+    step = 0.005
+    while deadline > 0:
+        if predicate():
+            return True
+        done.wait(step)
+        deadline -= step
+    return bool(predicate())
+
+
+def fork_and_check(child) -> int:
+    """Run *child* in a real forked process; return its exit code.
+
+    The child exits 0 if *child()* returns true, 1 if false, 2 on error.
+    """
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when forking with threads alive; these tests
+        # fork with threads alive on purpose.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover -- runs in the child.
+        code = 2
+        try:
+            code = 0 if child() else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    deadline = WAIT * 3
+    step = 0.01
+    while deadline > 0:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(step)
+        deadline -= step
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -9
+
+
+def blocked_in(function: str, n: int, timeout: float = WAIT) -> bool:
+    """Wait until *n* threads are blocked in a ``wait()`` under *function*.
+
+    Forces a race instead of hoping for it: the test proceeds only once
+    the other callers are provably waiting, whatever the scheduler did.
+    """
+
+    def count() -> int:
+        found = 0
+        for frame in sys._current_frames().values():
+            if frame.f_code.co_name != "wait":
+                continue
+            back = frame.f_back
+            while back is not None:
+                if back.f_code.co_name == function:
+                    found += 1
+                    break
+                back = back.f_back
+        return found
+
+    return wait_until(lambda: count() >= n, timeout)
