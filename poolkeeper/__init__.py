@@ -1,7 +1,5 @@
 """poolkeeper: one SDK client per process, built once, rebuilt safely."""
 
-from __future__ import annotations
-
 from poolkeeper import keys
 from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
