@@ -1,0 +1,54 @@
+"""Static checks of poolkeeper's types, run by mypy and pyright; never run."""
+
+from __future__ import annotations
+
+from typing_extensions import assert_type
+
+from poolkeeper import (
+    ProcessSingleton,
+    Statistics,
+    fingerprint,
+    keys,
+    process_singleton,
+)
+
+
+class Client:
+    """Stands in for an SDK client."""
+
+    def close(self) -> None:
+        """Close it."""
+
+
+@process_singleton
+def bare() -> Client:
+    """Bare form."""
+    return Client()
+
+
+@process_singleton(
+    key=(keys.env("API_KEY"), keys.file("/run/secrets/key")),
+    close=lambda c: c.close(),
+    min_rebuild_interval=5,
+)
+def called() -> Client:
+    """Called form."""
+    return Client()
+
+
+assert_type(bare, ProcessSingleton[Client])
+assert_type(called, ProcessSingleton[Client])
+assert_type(bare(), Client)
+assert_type(called(), Client)
+assert_type(bare.current(), Client | None)
+assert_type(bare.reset(), bool)
+assert_type(bare.statistics(), Statistics)
+assert_type(bare.statistics().key_fingerprint, str | None)
+assert_type(fingerprint("x"), str)
+assert_type(keys.env("A")(), tuple[str | None, ...])
+assert_type(keys.file("p")(), tuple[str, str | None])
+
+with bare.lease() as leased:
+    assert_type(leased, Client)
+with bare.override(Client()) as overridden:
+    assert_type(overridden, Client)
