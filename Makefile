@@ -24,10 +24,12 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# pyright finds packages through the first python on PATH.
 typecheck: venv
 	$(BIN)/mypy
-	$(BIN)/pyright
-	$(BIN)/pyright --verifytypes poolkeeper --ignoreexternal
+	PATH="$(CURDIR)/$(BIN):$$PATH" pyright
+	cd /tmp && PATH="$(CURDIR)/$(BIN):$$PATH" pyright \
+		--verifytypes poolkeeper --ignoreexternal
 
 unit: venv
 	cd tests && ../$(BIN)/python -m pytest

@@ -26,7 +26,7 @@ __all__ = [
     "process_singleton",
 ]
 
-__version__ = "0.1.0"
+__version__: str = "0.1.0"
 
 
 # Public objects live in private modules; name them by where users find

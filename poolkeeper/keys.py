@@ -31,7 +31,7 @@ class EnvKey:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         """Remember which variables make up the key."""
-        self.names = names
+        self.names: tuple[str, ...] = names
 
     def __call__(self) -> tuple[str | None, ...]:
         """Return the current value of each variable, ``None`` if unset."""
