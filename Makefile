@@ -15,7 +15,8 @@ $(BIN)/uv:
 # Install the packages as users get them (not the source tree), so the
 # tests exercise what a wheel ships.
 venv: $(BIN)/uv
-	$(UV) --reinstall-package poolkeeper ".[test,lint,bench,docs]"
+	$(UV) --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
+		".[test,lint,bench,docs]" "./adapters/daytona[test]"
 
 demo: venv
 	$(BIN)/python examples/quickstart.py
@@ -27,12 +28,14 @@ lint: venv
 # pyright finds packages through the first python on PATH.
 typecheck: venv
 	$(BIN)/mypy
+	cd adapters/daytona && ../../$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" pyright
 	cd /tmp && PATH="$(CURDIR)/$(BIN):$$PATH" pyright \
 		--verifytypes poolkeeper --ignoreexternal
 
 unit: venv
 	cd tests && ../$(BIN)/python -m pytest
+	cd adapters/daytona && ../../$(BIN)/pytest
 
 test: lint typecheck unit
 

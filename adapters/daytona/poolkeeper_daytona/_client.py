@@ -1,0 +1,225 @@
+"""Process-wide ``daytona.Daytona`` singletons, keyed on their config."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import daytona
+from dotenv import dotenv_values
+from poolkeeper import fingerprint, keys, process_singleton
+
+from poolkeeper_daytona._close import _after_fork, close_daytona
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable
+
+    from poolkeeper import ProcessSingleton
+
+__all__ = [
+    "DEFAULT_API_KEY_FILE",
+    "DaytonaCredentialsError",
+    "daytona_client",
+    "make_daytona_singleton",
+]
+
+#: Where :data:`daytona_client` looks for the API key when neither
+#: ``DAYTONA_API_KEY`` nor a JWT is set and ``DAYTONA_API_KEY_FILE`` is not.
+DEFAULT_API_KEY_FILE: Final = "~/.config/daytona/api_key"
+
+# Every variable the SDK's constructor reads, plus the key file's name.
+_ENV_VARS: Final = (
+    "DAYTONA_API_KEY",
+    "DAYTONA_API_KEY_FILE",
+    "DAYTONA_API_URL",
+    "DAYTONA_SERVER_URL",
+    "DAYTONA_TARGET",
+    "DAYTONA_JWT_TOKEN",
+    "DAYTONA_ORGANIZATION_ID",
+    "DAYTONA_USE_DEPRECATED_POLLING",
+    "DAYTONA_OTEL_ENABLED",
+    "DAYTONA_EXPERIMENTAL_OTEL_ENABLED",
+)
+# The SDK also reads DAYTONA_* values (never the API URL) from these files
+# in the working directory; .env.local wins over .env.
+_DOTENV_FILES: Final = (".env.local", ".env")
+
+
+class DaytonaCredentialsError(ValueError):
+    """No Daytona credentials were found in the environment or key file.
+
+    Args:
+        key_file: The API key file that was looked for.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(self, key_file: str) -> None:
+        """Remember which key file was looked for (never a secret)."""
+        super().__init__(key_file)
+        self.key_file = key_file
+
+    def __str__(self) -> str:
+        """Name the variables and the key file to set."""
+        return (
+            "No Daytona credentials found: set DAYTONA_API_KEY, or both "
+            "DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID, or write the API "
+            f"key to {self.key_file} (path taken from DAYTONA_API_KEY_FILE)."
+        )
+
+
+class _FileKeys:
+    """``keys.file`` callables, one per path, created on first use.
+
+    The key file's path comes from the environment, so the set of files to
+    watch is only known at call time.
+    """
+
+    def __init__(self, recheck_seconds: float) -> None:
+        self.recheck_seconds = recheck_seconds
+        self._lock = threading.Lock()
+        self._by_path: dict[Path, Callable[[], Hashable]] = {}
+
+    def __call__(self, path: Path) -> Hashable:
+        key = self._by_path.get(path)
+        if key is None:
+            with self._lock:
+                key = self._by_path.get(path)
+                if key is None:
+                    key = keys.file(path, recheck_seconds=self.recheck_seconds)
+                    self._by_path[path] = key
+        return key()
+
+    def forget(self) -> None:
+        """Drop every watcher (tests change *recheck_seconds* with it)."""
+        with self._lock:
+            self._by_path.clear()
+
+
+_file_keys = _FileKeys(recheck_seconds=5.0)
+_env_key = keys.env(*_ENV_VARS)
+
+
+def _key_file() -> Path:
+    name = os.environ.get("DAYTONA_API_KEY_FILE") or DEFAULT_API_KEY_FILE
+    return Path(name).expanduser()
+
+
+def _files_key() -> Hashable:
+    """Key on the key file and the working directory's dotenv files."""
+    cwd = Path.cwd()
+    dotenv = tuple([_file_keys(cwd / name) for name in _DOTENV_FILES])
+    return (_file_keys(_key_file()), dotenv)
+
+
+def _dotenv_value(name: str) -> str | None:
+    for file_name in _DOTENV_FILES:
+        value = dotenv_values(file_name).get(name)
+        if value:
+            return value
+    return None
+
+
+def _setting(name: str) -> str | None:
+    """Read *name* as the SDK does: process env, then dotenv files."""
+    return os.environ.get(name) or _dotenv_value(name)
+
+
+def _config_from_environment() -> daytona.DaytonaConfig:
+    api_key = _setting("DAYTONA_API_KEY")
+    jwt_token = _setting("DAYTONA_JWT_TOKEN")
+    organization_id = _setting("DAYTONA_ORGANIZATION_ID")
+    if not api_key and not jwt_token:
+        key_file = _key_file()
+        try:
+            api_key = key_file.read_text(encoding="utf-8").strip() or None
+        except OSError:
+            api_key = None
+        if api_key is None:
+            raise DaytonaCredentialsError(str(key_file))
+    return daytona.DaytonaConfig(
+        api_key=api_key,
+        jwt_token=None if api_key else jwt_token,
+        organization_id=organization_id,
+        # Like the SDK: the endpoint comes from the process environment
+        # only, never from a dotenv file in the working directory.
+        api_url=os.environ.get("DAYTONA_API_URL")
+        or os.environ.get("DAYTONA_SERVER_URL")
+        or None,
+        target=_setting("DAYTONA_TARGET"),
+    )
+
+
+@process_singleton(
+    key=(_env_key, _files_key), close=close_daytona, after_fork=_after_fork
+)
+def daytona_client() -> daytona.Daytona:
+    """Return the process's ``daytona.Daytona``, configured from the env.
+
+    Credentials are read as the SDK reads them: ``DAYTONA_API_KEY``, else
+    ``DAYTONA_JWT_TOKEN`` with ``DAYTONA_ORGANIZATION_ID`` (each from the
+    process environment, then ``.env.local`` and ``.env``), else the API key
+    stored in the file named by ``DAYTONA_API_KEY_FILE`` (default
+    ``~/.config/daytona/api_key``). ``DAYTONA_API_URL`` and
+    ``DAYTONA_TARGET`` select the endpoint and region.
+
+    The client is built once per process and reused by every thread. When
+    any of those values changes (a rotated key in the environment or the key
+    file), the next call builds a new client and the old one is closed with
+    :func:`close_daytona` once its last lease ends. A forked child builds
+    its own and leaves the parent's untouched.
+
+    Raises:
+        DaytonaCredentialsError: If no credentials are found.
+
+    .. versionadded:: 0.1.0
+    """
+    return daytona.Daytona(_config_from_environment())
+
+
+def _config_key(config: daytona.DaytonaConfig) -> str:
+    items = sorted(config.model_dump().items())
+    return fingerprint(repr(items))
+
+
+def make_daytona_singleton(
+    config_factory: Callable[[], daytona.DaytonaConfig],
+    **options: Any,  # noqa: ANN401 - forwarded to process_singleton.
+) -> ProcessSingleton[daytona.Daytona]:
+    """Make a process-wide ``daytona.Daytona`` built from your own config.
+
+    By default the singleton is keyed on a fingerprint of the config that
+    *config_factory* returns (called on every access, so keep it cheap) and
+    on every ``DAYTONA_*`` value the SDK's constructor reads from the
+    environment and dotenv files; a change builds a new client and closes
+    the old one with :func:`close_daytona`.
+
+    Args:
+        config_factory: Returns the ``DaytonaConfig`` to build with.
+        **options: Passed to :func:`poolkeeper.process_singleton`; ``key``,
+            ``close`` and ``after_fork`` replace this function's defaults.
+
+    Returns:
+        The singleton; call it to get the client.
+
+    .. versionadded:: 0.1.0
+    """
+
+    def key() -> Hashable:
+        return (_config_key(config_factory()), _env_key(), _files_key())
+
+    def build() -> daytona.Daytona:
+        return daytona.Daytona(config_factory())
+
+    build.__qualname__ = build.__name__ = getattr(
+        config_factory, "__qualname__", "daytona_singleton"
+    )
+    options.setdefault("key", key)
+    options.setdefault("close", close_daytona)
+    options.setdefault("after_fork", _after_fork)
+    singleton: ProcessSingleton[daytona.Daytona] = process_singleton(
+        **options
+    )(build)
+    return singleton

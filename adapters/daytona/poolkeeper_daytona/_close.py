@@ -1,0 +1,311 @@
+"""Release what a sync ``daytona.Daytona`` holds; neuter it after fork.
+
+The sync SDK client has no ``close()``. Everything here reaches private
+SDK attributes, each looked up with ``getattr`` and reported through the
+version guard when missing, in the order measured to leave no socket,
+thread or timer behind (see the adapter's README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Final
+
+import engineio.base_client
+import socketio.base_client
+
+from poolkeeper_daytona._guard import unrecognised
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["close_daytona"]
+
+_log = logging.getLogger("poolkeeper.daytona")
+_MISSING: Final = object()
+_MIN_WAIT: Final = 0.05
+_LOCK_WAIT: Final = 1.0
+_POOL_OWNERS: Final = ("_api_client", "_toolbox_api_client")
+
+_closed_lock = threading.Lock()
+_closed: weakref.WeakSet[Any] = weakref.WeakSet()
+# Clients inherited across fork(): kept alive on purpose, so that no
+# finalizer ever runs in the child (urllib3's pool finalizer takes a queue
+# lock that a parent thread may have held at fork time).
+_inherited: list[object] = []
+
+
+def close_daytona(client: object, *, timeout: float = 5.0) -> None:
+    """Release the sockets, threads and timers held by a ``daytona.Daytona``.
+
+    Steps, in the order that released everything when measured: shut down
+    the subscription manager; mark the event dispatcher closed and wait for
+    its connect thread; disable Socket.IO reconnection and disconnect; stop
+    any reconnect loop and orphaned Socket.IO client of that dispatcher
+    (found in python-socketio's and python-engineio's global registries);
+    cancel its leftover idle timers; clear both urllib3 pool managers; close
+    the ``httpx`` client; shut down the tracer provider if it owns one.
+
+    Idempotent and never raises: a failing step is logged at WARNING on the
+    ``poolkeeper.daytona`` logger and the next step still runs. A missing
+    internal is reported once per process as a
+    :class:`DaytonaInternalsWarning`. The client must not be used afterwards.
+
+    Args:
+        client: A ``daytona.Daytona`` (anything else is released on a
+            best-effort basis).
+        timeout: Seconds to wait, in total and roughly, for the SDK's
+            background threads to finish.
+
+    .. versionadded:: 0.1.0
+    """
+    try:
+        if _mark_closed(client):
+            _release(client, time.monotonic() + timeout)
+    except Exception:  # noqa: BLE001 - close_daytona never raises.
+        _log.warning(
+            "Unexpected failure closing a Daytona client.", exc_info=True
+        )
+
+
+def _after_fork(client: object) -> None:
+    """Make a client inherited from the parent inert in a forked child.
+
+    Sends nothing on the parent's connections: no Socket.IO disconnect, no
+    websocket close frame, no TLS alert, and takes none of the SDK's locks
+    (a parent thread may have held one at fork time). It marks the
+    dispatcher and the subscription manager closed, disables reconnection,
+    unlinks the Socket.IO clients from the global registries (so a SIGINT
+    handler in the child cannot disconnect the parent's session), and closes
+    the child's *copies* of the pooled and websocket sockets with
+    ``socket.close()``: the parent's descriptors keep the connections open.
+    The client is kept referenced for the child's lifetime.
+
+    It runs in the at-fork hook, so it logs and warns nothing; an error
+    propagates to poolkeeper, which reports it on the singleton's next use.
+
+    Args:
+        client: The inherited ``daytona.Daytona``.
+    """
+    _inherited.append(client)
+    dispatcher = getattr(client, "_event_dispatcher", None)
+    if dispatcher is not None:
+        dispatcher._closed = True
+        for sio in _socketio_clients_of(dispatcher):
+            sio.reconnection = False
+            eio = getattr(sio, "eio", None)
+            _unlink(socketio.base_client.reconnecting_clients, sio)
+            _unlink(engineio.base_client.connected_clients, eio)
+            _close_copy(getattr(getattr(eio, "ws", None), "sock", None))
+    manager = getattr(client, "_subscription_manager", None)
+    if manager is not None:
+        manager._closed = True
+    for owner in _POOL_OWNERS:
+        for sock in _pooled_sockets(getattr(client, owner, None)):
+            _close_copy(sock)
+
+
+def _mark_closed(client: object) -> bool:
+    """Return True the first time *client* is seen."""
+    with _closed_lock:
+        try:
+            if client in _closed:
+                return False
+            _closed.add(client)
+        except TypeError:  # Not weak-referenceable: every step is idempotent.
+            pass
+    return True
+
+
+@contextlib.contextmanager
+def _step(what: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - a failed step is logged.
+        _log.warning(
+            "Closing a Daytona client: %s failed.", what, exc_info=True
+        )
+
+
+def _attr(obj: object, name: str, label: str) -> Any:  # noqa: ANN401
+    value = getattr(obj, name, _MISSING)
+    if value is _MISSING:
+        unrecognised(label)
+        return None
+    return value
+
+
+def _join(thread: object, deadline: float) -> None:
+    if not isinstance(thread, threading.Thread):
+        return
+    if thread is threading.current_thread() or not thread.is_alive():
+        return
+    thread.join(max(_MIN_WAIT, deadline - time.monotonic()))
+
+
+def _release(client: object, deadline: float) -> None:
+    manager = _attr(
+        client, "_subscription_manager", "Daytona._subscription_manager"
+    )
+    if manager is not None:
+        _shutdown_subscriptions(manager, deadline)
+    dispatcher = _attr(
+        client, "_event_dispatcher", "Daytona._event_dispatcher"
+    )
+    if dispatcher is not None:
+        _close_dispatcher(dispatcher, deadline)
+    for owner in _POOL_OWNERS:
+        api = _attr(client, owner, f"Daytona.{owner}")
+        pools = getattr(
+            getattr(api, "rest_client", None), "pool_manager", None
+        )
+        clear = getattr(pools, "clear", None)
+        if api is not None and not callable(clear):
+            unrecognised(f"Daytona.{owner}.rest_client.pool_manager")
+        elif callable(clear):
+            with _step(f"{owner} pool clear"):
+                clear()
+    http = _attr(client, "_http_client", "Daytona._http_client")
+    close = getattr(http, "close", None)
+    if callable(close):
+        with _step("httpx client close"):
+            close()
+    # Only a provider set on the instance is this client's own; the class
+    # attribute is a None default.
+    provider = getattr(client, "__dict__", {}).get("_tracer_provider")
+    shutdown = getattr(provider, "shutdown", None)
+    if callable(shutdown):
+        with _step("tracer provider shutdown"):
+            shutdown()
+
+
+def _shutdown_subscriptions(manager: object, deadline: float) -> None:
+    # Before the dispatcher: unsubscribing on a closed dispatcher would start
+    # a fresh 30 s idle timer that nothing cancels.
+    shutdown = getattr(manager, "shutdown", None)
+    if not callable(shutdown):
+        unrecognised("Daytona._subscription_manager.shutdown")
+        return
+    with _step("subscription manager shutdown"):
+        shutdown()
+    _join(getattr(manager, "_worker", None), deadline)
+
+
+def _close_dispatcher(dispatcher: object, deadline: float) -> None:
+    if not hasattr(dispatcher, "_closed"):
+        unrecognised("SyncEventDispatcher._closed")
+    lock = getattr(dispatcher, "_lock", None)
+    acquire = getattr(lock, "acquire", None)
+    held = bool(acquire(timeout=_LOCK_WAIT)) if callable(acquire) else False
+    try:
+        # Stops ensure_connected() and subscribe() from starting anything
+        # new, and makes a connect in flight disconnect itself.
+        dispatcher._closed = True  # type: ignore[attr-defined]
+    finally:
+        if held:
+            lock.release()  # type: ignore[union-attr]
+    # Disconnecting while engine.io is still finishing the background
+    # connect can fail inside engine.io: let that thread end first.
+    _join(getattr(dispatcher, "_bg_thread", None), deadline)
+    clients = _socketio_clients_of(dispatcher)
+    for sio in clients:
+        sio.reconnection = False
+    disconnect = getattr(dispatcher, "disconnect", None)
+    if callable(disconnect):
+        with _step("event dispatcher disconnect"):
+            disconnect()
+    else:
+        unrecognised("SyncEventDispatcher.disconnect")
+    # Rescan: the dispatcher's disconnect may have dropped a client from
+    # its own attributes while a reconnect loop still holds it.
+    for sio in {
+        id(c): c for c in [*clients, *_socketio_clients_of(dispatcher)]
+    }.values():
+        with _step("socket.io client stop"):
+            _stop_socketio(sio, deadline)
+    for timer in threading.enumerate():
+        function = getattr(timer, "function", None)
+        if (
+            isinstance(timer, threading.Timer)
+            and getattr(function, "__self__", None) is dispatcher
+        ):
+            timer.cancel()
+            _join(timer, deadline)
+
+
+def _socketio_clients_of(dispatcher: object) -> list[Any]:
+    """The dispatcher's current and orphaned ``socketio.Client`` objects."""
+    found: dict[int, Any] = {}
+    current = getattr(dispatcher, "_sio", None)
+    if current is not None:
+        found[id(current)] = current
+    candidates = list(socketio.base_client.reconnecting_clients)
+    for eio in list(engineio.base_client.connected_clients):
+        handler = getattr(eio, "handlers", {}).get("connect")
+        candidates.append(getattr(handler, "__self__", None))
+    for sio in candidates:
+        if sio is not None and _belongs(sio, dispatcher):
+            found[id(sio)] = sio
+    return list(found.values())
+
+
+def _belongs(sio: object, dispatcher: object) -> bool:
+    # The dispatcher registers closures over itself as the client's
+    # connect/disconnect handlers: that is the only link back to it.
+    handlers = getattr(sio, "handlers", {}).get("/", {})
+    for handler in list(handlers.values()):
+        for cell in getattr(handler, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # Empty cell.
+                if cell.cell_contents is dispatcher:
+                    return True
+    return False
+
+
+def _stop_socketio(sio: Any, deadline: float) -> None:  # noqa: ANN401
+    sio.reconnection = False
+    abort = getattr(sio, "_reconnect_abort", None)
+    if abort is not None:
+        abort.set()
+    task = getattr(sio, "_reconnect_task", None)
+    _join(task, deadline)
+    eio = getattr(sio, "eio", None)
+    # A reconnect attempt already in flight when the abort was set can
+    # still succeed: disconnect whatever is connected now.
+    if (
+        getattr(sio, "connected", False)
+        or getattr(eio, "state", None) == "connected"
+    ):
+        sio.disconnect()
+    if isinstance(task, threading.Thread) and task.is_alive():
+        return  # Its own exit path unregisters it; never race that.
+    _unlink(socketio.base_client.reconnecting_clients, sio)
+    if getattr(eio, "state", None) == "disconnected":
+        _unlink(engineio.base_client.connected_clients, eio)
+
+
+def _unlink(registry: list[Any], item: object) -> None:
+    with contextlib.suppress(ValueError):
+        registry.remove(item)
+
+
+def _pooled_sockets(api: object) -> Iterator[object]:
+    """The idle pooled sockets of an API client, read without locks."""
+    pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+    container = getattr(getattr(pools, "pools", None), "_container", None)
+    for pool in list(getattr(container, "values", list)()):
+        for conn in list(getattr(getattr(pool, "pool", None), "queue", ())):
+            yield getattr(conn, "sock", None)
+
+
+def _close_copy(sock: object) -> None:
+    # socket.close(), never os.close(): the object forgets its descriptor,
+    # so no later finalizer closes a reused number. Closing one of several
+    # descriptors of a connection sends nothing (no FIN, no TLS alert).
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.close()

@@ -1,0 +1,335 @@
+"""A Daytona API emulator on 127.0.0.1, served from a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Final, final
+
+from aiohttp import web
+
+from poolkeeper_daytona.testing._app import (
+    API_PREFIX,
+    EmulatorApp,
+    FaultSettings,
+)
+from poolkeeper_daytona.testing._ledger import Ledger
+from poolkeeper_daytona.testing._protocol import (
+    TrackingProtocol,
+    abort_transport,
+)
+from poolkeeper_daytona.testing._records import (
+    ConnectionRecord,
+    RequestRecord,
+    SocketIOSession,
+    client_id,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+__all__ = ["DaytonaEmulator"]
+
+_log = logging.getLogger("poolkeeper.daytona.testing")
+_START_TIMEOUT: Final = 10.0
+_STOP_TIMEOUT: Final = 10.0
+_SHUTDOWN_TIMEOUT: Final = 2.0
+
+
+async def _cancel_leftovers() -> None:
+    """Cancel tasks still pending at shutdown (engine.io's ping tasks)."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=_SHUTDOWN_TIMEOUT)
+
+
+@final
+class DaytonaEmulator:
+    """Emulates the Daytona API that ``daytona.Daytona`` talks to.
+
+    The emulator serves REST (create, get, list, delete, toolbox proxy URL)
+    and the Socket.IO event channel on ``127.0.0.1`` on a free port, from
+    an event loop owned by one background thread. It records every
+    connection, request and Socket.IO session, so tests can assert that a
+    client reuses its connections and that a closed client's connections
+    are gone. It stops itself after *max_lifetime* seconds.
+
+    Example::
+
+        with DaytonaEmulator(failure_rate=0.3, seed=1) as emu:
+            client = Daytona(DaytonaConfig(api_key="k", api_url=emu.api_url))
+
+    .. versionadded:: 0.1.0
+    """
+
+    def __init__(  # noqa: PLR0913 - every knob is keyword-only.
+        self,
+        *,
+        failure_rate: float = 0.0,
+        latency: float = 0.0,
+        drop_mode: bool = False,
+        seed: int | None = None,
+        start_delay: float = 0.0,
+        api_keys: Collection[str] | None = None,
+        max_lifetime: float = 600.0,
+    ) -> None:
+        """Configure an emulator; :meth:`start` or ``with`` runs it.
+
+        Args:
+            failure_rate: Fraction of creates answered with HTTP 503.
+            latency: Seconds added before answering each request.
+            drop_mode: Accept new connections, then drop them at once.
+            seed: Seed for injected failures and sandbox ids.
+            start_delay: Seconds a new sandbox stays ``creating``.
+            api_keys: Tokens accepted; ``None`` accepts any non-empty one.
+            max_lifetime: Seconds after which the emulator stops itself.
+
+        Raises:
+            ValueError: If a rate, delay or lifetime is out of range.
+        """
+        if not 0.0 <= failure_rate <= 1.0:
+            msg = "failure_rate must be within [0, 1]."
+            raise ValueError(msg)
+        if min(latency, start_delay) < 0 or max_lifetime <= 0:
+            msg = "latency and start_delay must be >= 0, max_lifetime > 0."
+            raise ValueError(msg)
+        self.faults: Final = FaultSettings(
+            failure_rate=failure_rate,
+            latency=latency,
+            drop_mode=drop_mode,
+            start_delay=start_delay,
+        )
+        self._rng = random.Random(seed)  # noqa: S311 - not cryptographic.
+        self._api_keys = api_keys
+        self._max_lifetime = max_lifetime
+        self._ledger = Ledger()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._app: EmulatorApp | None = None
+        self._port = 0
+        self._error: BaseException | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> Self:
+        """Start serving and return once the port is bound.
+
+        Raises:
+            RuntimeError: If already started, or the server fails to start.
+        """
+        if self._thread is not None:
+            msg = "DaytonaEmulator can only be started once."
+            raise RuntimeError(msg)
+        self._thread = threading.Thread(
+            target=self._run, name="daytona-emulator", daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT) or self._error is not None:
+            self.stop()
+            msg = "DaytonaEmulator failed to start."
+            raise RuntimeError(msg) from self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close every connection and join the thread.
+
+        Idempotent. Waits at most about ten seconds.
+        """
+        loop, stop, thread = self._loop, self._stop, self._thread
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # Loop already closed.
+                loop.call_soon_threadsafe(stop.set)
+        if thread is not None:
+            thread.join(_STOP_TIMEOUT)
+            if thread.is_alive():
+                _log.warning("Daytona emulator thread did not stop in time.")
+
+    def __enter__(self) -> Self:
+        """Start the emulator."""
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the emulator."""
+        self.stop()
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the server thread is serving."""
+        thread = self._thread
+        return (
+            thread is not None and thread.is_alive() and self._ready.is_set()
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (0 before :meth:`start`)."""
+        return self._port
+
+    @property
+    def api_url(self) -> str:
+        """The URL to pass as ``DaytonaConfig(api_url=...)``."""
+        return f"http://127.0.0.1:{self._port}{API_PREFIX}"
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # noqa: BLE001 -- reported to start().
+            self._error = exc
+            _log.warning("Daytona emulator crashed.", exc_info=True)
+        finally:
+            self._ready.set()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(_cancel_leftovers())
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        app = self._app = EmulatorApp(
+            self._ledger, self.faults, self._rng, self._api_keys
+        )
+        runner = web.AppRunner(
+            app.app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT
+        )
+        await runner.setup()
+        handler_factory = runner.server
+        if handler_factory is None:  # pragma: no cover - setup() sets it.
+            msg = "aiohttp runner has no server after setup()"
+            raise RuntimeError(msg)
+        server = await asyncio.get_running_loop().create_server(
+            lambda: TrackingProtocol(
+                self._ledger, self.faults, handler_factory
+            ),
+            "127.0.0.1",
+            0,
+        )
+        self._port = int(server.sockets[0].getsockname()[1])
+        app.set_origin(f"http://127.0.0.1:{self._port}")
+        self._ready.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._max_lifetime)
+        finally:
+            server.close()
+            await app.shutdown()
+            await runner.cleanup()
+            for transport in self._ledger.open_transports():
+                abort_transport(transport)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_TIMEOUT)
+            # Let connection_lost callbacks of aborted transports run.
+            await asyncio.sleep(0)
+
+    # -- fault control -----------------------------------------------------
+
+    def drop_connections(self, token: str | None = None) -> None:
+        """Abort open connections (all, or those of *token*'s client).
+
+        A dropped websocket makes the SDK's Socket.IO client reconnect.
+        """
+        loop = self._loop
+        if loop is None:
+            return
+        wanted = client_id(token) if token is not None else None
+
+        async def _drop() -> None:
+            for transport in self._ledger.open_transports(wanted):
+                abort_transport(transport)
+
+        asyncio.run_coroutine_threadsafe(_drop(), loop).result(_STOP_TIMEOUT)
+
+    # -- observations ------------------------------------------------------
+
+    def connections(self, token: str | None = None) -> list[ConnectionRecord]:
+        """Return every connection so far (of *token*'s client, if given)."""
+        records = self._ledger.connections()
+        if token is None:
+            return records
+        wanted = client_id(token)
+        return [c for c in records if c.client == wanted]
+
+    def open_connections(
+        self, token: str | None = None
+    ) -> list[ConnectionRecord]:
+        """Return the connections still open (of *token*'s client)."""
+        return [c for c in self.connections(token) if c.is_open]
+
+    def total_connections(self, token: str | None = None) -> int:
+        """Return how many connections were accepted (for *token*)."""
+        return len(self.connections(token))
+
+    def requests(
+        self,
+        token: str | None = None,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+    ) -> list[RequestRecord]:
+        """Return the recorded HTTP requests matching every filter given."""
+        wanted = client_id(token) if token is not None else None
+        return [
+            r
+            for r in self._ledger.requests()
+            if (wanted is None or r.client == wanted)
+            and (method is None or r.method == method)
+            and (path is None or r.path == path)
+        ]
+
+    def socketio_sessions(
+        self, token: str | None = None
+    ) -> list[SocketIOSession]:
+        """Return every Socket.IO session so far (of *token*'s client)."""
+        sessions = self._ledger.sessions()
+        if token is None:
+            return sessions
+        wanted = client_id(token)
+        return [s for s in sessions if s.client == wanted]
+
+    def sandbox_states(self) -> dict[str, str]:
+        """Return the state of every emulated sandbox, by id."""
+        loop, app = self._loop, self._app
+        if loop is None or app is None:
+            return {}
+
+        async def _states() -> dict[str, str]:
+            return app.store.states()
+
+        future = asyncio.run_coroutine_threadsafe(_states(), loop)
+        return future.result(_STOP_TIMEOUT)
+
+    @staticmethod
+    def wait_until(
+        predicate: Callable[[], bool],
+        timeout: float = 5.0,
+        interval: float = 0.01,
+    ) -> bool:
+        """Poll *predicate* until it is true or *timeout* seconds pass.
+
+        Returns:
+            The last value of *predicate*.
+        """
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() >= deadline:
+                return predicate()
+            time.sleep(interval)
+        return True

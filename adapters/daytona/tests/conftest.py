@@ -1,0 +1,80 @@
+"""Fixtures: the emulator, an isolated SDK environment, resource probes."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import daytona
+import poolkeeper
+import pytest
+from daytona_test_helpers import fd_count, settle
+
+from poolkeeper_daytona import close_daytona
+from poolkeeper_daytona._client import _ENV_VARS, _file_keys
+from poolkeeper_daytona.testing import DaytonaEmulator, daytona_emulator
+
+__all__ = ["daytona_emulator"]
+
+# Exactly the variables the adapter keys on.
+_SDK_VARS = _ENV_VARS
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_sdk():
+    """Build, use and close one client so one-time imports are not leaks."""
+    with DaytonaEmulator() as emu:
+        client = daytona.Daytona(
+            daytona.DaytonaConfig(api_key="warm", api_url=emu.api_url)
+        )
+        client.delete(client.create())
+        close_daytona(client)
+    gc.collect()
+
+
+@pytest.fixture(name="sdk_env")
+def _sdk_env(monkeypatch, tmp_path, daytona_emulator):
+    """Point every DAYTONA_* variable at the emulator, nothing else."""
+    for name in _SDK_VARS:
+        monkeypatch.delenv(name, raising=False)
+    # No .env / .env.local from the real working directory.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DAYTONA_API_KEY_FILE", str(tmp_path / "api_key"))
+    monkeypatch.setenv("DAYTONA_API_URL", daytona_emulator.api_url)
+    monkeypatch.setenv("DAYTONA_TARGET", "us")
+    monkeypatch.setattr(_file_keys, "recheck_seconds", 0.0)
+    _file_keys.forget()
+    yield monkeypatch
+    # Close every singleton's client while the emulator still runs.
+    poolkeeper.close_all()
+    _file_keys.forget()
+
+
+@pytest.fixture(name="make_client")
+def _make_client(daytona_emulator):
+    """Build real clients against the emulator; close them all at the end."""
+    built: list[daytona.Daytona] = []
+
+    def make(api_key: str = "test-key", **config) -> daytona.Daytona:
+        client = daytona.Daytona(
+            daytona.DaytonaConfig(
+                api_key=api_key,
+                api_url=daytona_emulator.api_url,
+                target="us",
+                **config,
+            )
+        )
+        built.append(client)
+        return client
+
+    yield make
+    for client in built:
+        close_daytona(client)
+
+
+@pytest.fixture(name="baseline")
+def _baseline(daytona_emulator):
+    """Return (fds, threads) with the emulator running and nothing else."""
+    del daytona_emulator
+    settle()
+    return fd_count(), threading.active_count()

@@ -1,0 +1,155 @@
+"""close_daytona releases every socket, thread and timer of a client."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import types
+
+import pytest
+from daytona_test_helpers import fd_count, settle, wait_for
+
+from poolkeeper_daytona import DaytonaInternalsWarning, close_daytona
+from poolkeeper_daytona._guard import _reset_for_tests
+
+
+def _released(emu, key, baseline) -> bool:
+    settle()
+    return not emu.open_connections(key) and baseline == (
+        fd_count(),
+        threading.active_count(),
+    )
+
+
+class TestCloseDaytona:
+    """Everything a client opened is gone after close_daytona."""
+
+    def test_fresh_client(self, make_client, daytona_emulator, baseline):
+        """A never-used client drops its websocket and threads."""
+        client = make_client(api_key="fresh")
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("fresh"))
+
+        close_daytona(client)
+
+        assert wait_for(lambda: _released(daytona_emulator, "fresh", baseline))
+        session = daytona_emulator.socketio_sessions("fresh")[0]
+        assert not session.is_connected
+
+    def test_used_client(self, make_client, daytona_emulator, baseline):
+        """A client holding a sandbox subscription is fully released."""
+        client = make_client(api_key="used")
+        sandbox = client.create()
+        client.get(sandbox.id)
+        # The websocket connects in the background: wait for both.
+        assert wait_for(
+            lambda: 2 <= len(daytona_emulator.open_connections("used"))
+        )
+
+        close_daytona(client)
+
+        assert wait_for(lambda: _released(daytona_emulator, "used", baseline))
+
+    def test_twice_is_a_no_op(self, make_client, daytona_emulator, baseline):
+        """A second close returns at once and changes nothing."""
+        client = make_client(api_key="twice")
+        client.create()
+        close_daytona(client)
+
+        close_daytona(client)
+
+        assert wait_for(lambda: _released(daytona_emulator, "twice", baseline))
+
+    def test_during_reconnect_loop(
+        self, make_client, daytona_emulator, baseline
+    ):
+        """A client whose websocket the server dropped stops reconnecting."""
+        client = make_client(api_key="flap")
+        client.create()
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("flap"))
+        daytona_emulator.faults.drop_mode = True
+        daytona_emulator.drop_connections("flap")
+
+        close_daytona(client)
+        daytona_emulator.faults.drop_mode = False
+
+        assert wait_for(lambda: _released(daytona_emulator, "flap", baseline))
+        sessions = len(daytona_emulator.socketio_sessions("flap"))
+        time.sleep(1.5)  # Longer than the SDK's first reconnect delay.
+        assert sessions == len(daytona_emulator.socketio_sessions("flap"))
+
+    def test_polling_mode_client(
+        self, make_client, daytona_emulator, baseline
+    ):
+        """A client without an event dispatcher is released too."""
+        with pytest.warns(DeprecationWarning, match="(?i)deprecat"):
+            client = make_client(api_key="poll", use_deprecated_polling=True)
+        client.create()
+
+        close_daytona(client)
+
+        assert wait_for(lambda: _released(daytona_emulator, "poll", baseline))
+        assert [] == daytona_emulator.socketio_sessions("poll")
+
+
+class TestUnrecognisedInternals:
+    """Missing internals warn once and the rest is still released."""
+
+    @pytest.fixture(autouse=True)
+    def _fresh_warning_state(self):
+        _reset_for_tests()
+        yield
+        _reset_for_tests()
+
+    def test_missing_attributes_warn_once(
+        self, make_client, daytona_emulator, baseline
+    ):
+        """Without _http_client a warning is issued and sockets still close."""
+        client = make_client(api_key="odd")
+        client.create()
+        http = client._http_client
+        del client._http_client
+
+        with pytest.warns(DaytonaInternalsWarning, match="_http_client"):
+            close_daytona(client)
+        http.close()
+
+        assert wait_for(lambda: _released(daytona_emulator, "odd", baseline))
+
+    def test_warning_is_issued_once_per_process(self, recwarn):
+        """Two unrecognisable objects produce one warning."""
+        close_daytona(types.SimpleNamespace())
+        close_daytona(types.SimpleNamespace())
+
+        assert 1 == len(recwarn.list)
+        assert issubclass(recwarn.list[0].category, DaytonaInternalsWarning)
+
+    def test_arbitrary_object_never_raises(self, recwarn):
+        """Closing something that is not a client does not raise."""
+        close_daytona(object())
+
+        assert 1 == len(recwarn.list)
+
+
+class TestFailingSteps:
+    """A failing step is logged and the remaining steps still run."""
+
+    def test_failing_pool_clear_is_logged(
+        self, make_client, daytona_emulator, caplog
+    ):
+        """An exception from one step is logged at WARNING, not raised."""
+        client = make_client(api_key="boom")
+        client.create()
+        pools = client._api_client.rest_client.pool_manager
+        original = pools.clear
+
+        def fail() -> None:
+            raise RuntimeError
+
+        pools.clear = fail
+        with caplog.at_level(logging.WARNING, logger="poolkeeper.daytona"):
+            close_daytona(client)
+        original()
+
+        assert any(r.exc_info for r in caplog.records)
+        assert wait_for(lambda: not daytona_emulator.open_connections("boom"))

@@ -1,0 +1,260 @@
+"""The emulator speaks the API the real SDK calls."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import daytona
+import pytest
+from daytona import ListSandboxesQuery, SandboxState
+from daytona_test_helpers import fd_count, wait_for
+
+from poolkeeper_daytona import close_daytona
+from poolkeeper_daytona.testing import DaytonaEmulator, client_id
+
+
+class TestSandboxLifecycle:
+    """create, get, list and delete through the real SDK."""
+
+    def test_create_returns_started_sandbox(self, make_client):
+        """A default create polls until the sandbox is started."""
+        sandbox = make_client().create()
+
+        assert SandboxState.STARTED == sandbox.state
+        assert sandbox.toolbox_proxy_url.endswith("/toolbox")
+
+    def test_create_polls_state_with_get(self, make_client, daytona_emulator):
+        """The SDK reads the state back with GET after the POST."""
+        sandbox = make_client().create()
+
+        path = f"/api/sandbox/{sandbox.id}"
+        assert daytona_emulator.requests(method="GET", path=path)
+
+    def test_get_returns_same_sandbox(self, make_client):
+        """get() by id finds the created sandbox."""
+        client = make_client()
+        created = client.create()
+
+        fetched = client.get(created.id)
+
+        assert created.id == fetched.id
+        assert SandboxState.STARTED == fetched.state
+
+    def test_get_missing_raises_not_found(self, make_client):
+        """get() of an unknown id raises the SDK's not-found error."""
+        with pytest.raises(daytona.DaytonaNotFoundError):
+            make_client().get("no-such-sandbox")
+
+    def test_list_filters_by_labels_and_pages(self, make_client):
+        """list() follows nextCursor and applies the label filter."""
+        client = make_client()
+        params = daytona.CreateSandboxFromSnapshotParams(labels={"t": "x"})
+        wanted = {client.create(params).id for _ in range(3)}
+        client.create()
+
+        found = {
+            s.id
+            for s in client.list(
+                ListSandboxesQuery(labels={"t": "x"}, limit=2)
+            )
+        }
+
+        assert wanted == found
+
+    def test_delete_destroys(self, make_client, daytona_emulator):
+        """delete(wait=True) ends with the sandbox destroyed."""
+        client = make_client()
+        sandbox = client.create()
+
+        client.delete(sandbox, wait=True)
+
+        assert SandboxState.DESTROYED == sandbox.state
+        assert "destroyed" == daytona_emulator.sandbox_states()[sandbox.id]
+        assert sandbox.id not in {s.id for s in client.list()}
+
+    def test_toolbox_proxy_url_endpoint(self, make_client):
+        """The toolbox proxy URL endpoint answers for a known sandbox."""
+        client = make_client()
+        sandbox = client.create()
+
+        url = client._sandbox_api.get_toolbox_proxy_url(sandbox.id).url
+
+        assert sandbox.toolbox_proxy_url == url
+
+
+class TestAuthentication:
+    """Tokens are required on REST and on the Socket.IO channel."""
+
+    def test_unknown_key_is_rejected(self, make_client, daytona_emulator):
+        """With api_keys set, another key gets 401 and no session."""
+        with DaytonaEmulator(api_keys=["good"]) as emu:
+            bad = daytona.Daytona(
+                daytona.DaytonaConfig(api_key="bad", api_url=emu.api_url)
+            )
+            try:
+                with pytest.raises(daytona.DaytonaAuthenticationError):
+                    bad.create()
+                assert [] == emu.socketio_sessions("bad")
+            finally:
+                close_daytona(bad)
+        del make_client, daytona_emulator
+
+    def test_session_is_attributed_to_token(
+        self, make_client, daytona_emulator
+    ):
+        """The Socket.IO session carries the client's token fingerprint."""
+        make_client(api_key="alice").create()
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("alice"))
+
+        sessions = daytona_emulator.socketio_sessions("alice")
+
+        assert 1 == len(sessions)
+        assert client_id("alice") == sessions[0].client
+        assert sessions[0].is_connected
+
+
+class TestConnectionRecords:
+    """Connections, requests and sessions are recorded per client."""
+
+    def test_one_client_reuses_one_http_connection(
+        self, make_client, daytona_emulator
+    ):
+        """Sequential creates from one client share one HTTP connection."""
+        client = make_client(api_key="reuse")
+        for _ in range(5):
+            client.create()
+
+        http = [
+            c
+            for c in daytona_emulator.connections("reuse")
+            if c.kind == "http"
+        ]
+
+        assert 1 == len(http)
+        assert 10 <= http[0].requests
+
+    def test_websocket_is_recorded(self, make_client, daytona_emulator):
+        """The Socket.IO websocket is one open connection of kind websocket."""
+        make_client(api_key="ws").create()
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("ws"))
+
+        kinds = [c.kind for c in daytona_emulator.open_connections("ws")]
+
+        assert ["websocket"] == [k for k in kinds if k == "websocket"]
+
+
+class TestFaults:
+    """Injected failures, latency and dropped connections."""
+
+    def test_failure_rate_one_fails_every_create(self):
+        """failure_rate=1.0 answers every create with a 5xx error."""
+        with DaytonaEmulator(failure_rate=1.0, seed=3) as emu:
+            client = daytona.Daytona(
+                daytona.DaytonaConfig(api_key="f", api_url=emu.api_url)
+            )
+            try:
+                with pytest.raises(daytona.DaytonaError) as info:
+                    client.create()
+            finally:
+                close_daytona(client)
+            statuses = {r.status for r in emu.requests(method="POST")}
+
+        assert {503} == statuses
+        assert 503 == info.value.status_code
+
+    def test_failure_rate_is_seeded(self):
+        """The same seed injects the same failures."""
+
+        def outcomes(seed: int) -> list[int]:
+            with DaytonaEmulator(failure_rate=0.5, seed=seed) as emu:
+                client = daytona.Daytona(
+                    daytona.DaytonaConfig(api_key="s", api_url=emu.api_url)
+                )
+                try:
+                    for _ in range(8):
+                        with contextlib.suppress(daytona.DaytonaError):
+                            client.create()
+                finally:
+                    close_daytona(client)
+                return [r.status for r in emu.requests(method="POST")]
+
+        first = outcomes(7)
+
+        assert first == outcomes(7)
+        assert {200, 503} == set(first)
+
+    def test_latency_delays_requests(self, make_client, daytona_emulator):
+        """latency adds that many seconds to each request."""
+        import time
+
+        client = make_client()
+        daytona_emulator.faults.latency = 0.2
+        start = time.monotonic()
+        with pytest.raises(daytona.DaytonaNotFoundError):
+            client.get("missing")
+
+        assert 0.2 <= time.monotonic() - start
+
+    def test_drop_mode_drops_new_connections(self):
+        """In drop mode connections are accepted, then dropped."""
+        with DaytonaEmulator(drop_mode=True) as emu:
+            client = daytona.Daytona(
+                daytona.DaytonaConfig(api_key="d", api_url=emu.api_url)
+            )
+            try:
+                with pytest.raises(daytona.DaytonaError):
+                    client.get("anything")
+            finally:
+                close_daytona(client)
+            records = emu.connections()
+
+        assert records
+        assert {"dropped"} == {c.kind for c in records}
+        assert [] == emu.requests()
+
+    def test_drop_connections_makes_sdk_reconnect(
+        self, make_client, daytona_emulator
+    ):
+        """Dropping a live websocket starts a new Socket.IO session."""
+        make_client(api_key="flap").create()
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("flap"))
+
+        daytona_emulator.drop_connections("flap")
+
+        assert wait_for(
+            lambda: 2 <= len(daytona_emulator.socketio_sessions("flap")),
+            timeout=10.0,
+        )
+
+
+class TestEmulatorLifecycle:
+    """Start and stop are clean and bounded."""
+
+    def test_stop_joins_thread_and_closes_socket(self):
+        """After the with block no emulator thread or socket remains."""
+        threads, fds = threading.active_count(), fd_count()
+
+        with DaytonaEmulator() as emu:
+            assert emu.is_running
+
+        assert not emu.is_running
+        assert threads == threading.active_count()
+        assert fds == fd_count()
+
+    def test_max_lifetime_stops_itself(self):
+        """The emulator stops on its own after max_lifetime seconds."""
+        emu = DaytonaEmulator(max_lifetime=0.2).start()
+
+        assert wait_for(lambda: not emu.is_running, timeout=5.0)
+        emu.stop()
+
+    def test_start_twice_raises(self):
+        """An emulator runs at most once."""
+        with DaytonaEmulator() as emu, pytest.raises(RuntimeError):
+            emu.start()
+
+    def test_invalid_failure_rate_raises(self):
+        """failure_rate outside [0, 1] is rejected."""
+        with pytest.raises(ValueError, match="failure_rate"):
+            DaytonaEmulator(failure_rate=1.5)

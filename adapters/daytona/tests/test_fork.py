@@ -1,0 +1,107 @@
+"""A forked child builds its own client and never touches the parent's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from daytona import SandboxState
+from daytona_test_helpers import fd_count, wait_for
+
+from poolkeeper_daytona import daytona_client
+from poolkeeper_daytona._close import _after_fork
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+_CHILD_TIMEOUT = 30.0
+
+
+def _wait_child(pid: int) -> int:
+    """Return the child's exit code; kill it if it outlives the timeout."""
+    deadline = time.monotonic() + _CHILD_TIMEOUT
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
+
+
+def _run_in_child(body) -> int:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - reported through the exit code.
+        code = 99
+        try:
+            code = body()
+        except BaseException:
+            code = 98
+        finally:
+            os._exit(code)
+    return _wait_child(pid)
+
+
+class TestForkedChild:
+    """The child's first create works; the parent's session survives."""
+
+    def test_child_builds_and_parent_survives(self, sdk_env, daytona_emulator):
+        """Child creates on a fresh client; parent keeps its websocket."""
+        sdk_env.setenv("DAYTONA_API_KEY", "forked")
+        parent = daytona_client()
+        parent.create()
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("forked"))
+        (session,) = daytona_emulator.socketio_sessions("forked")
+        parent_connections = {
+            c.id for c in daytona_emulator.open_connections("forked")
+        }
+
+        def child() -> int:
+            client = daytona_client()
+            if client is parent:
+                return 1
+            return 0 if SandboxState.STARTED == client.create().state else 2
+
+        assert 0 == _run_in_child(child)
+
+        assert SandboxState.STARTED == parent.create().state
+        (after,) = [
+            s
+            for s in daytona_emulator.socketio_sessions("forked")
+            if s.sid == session.sid
+        ]
+        assert after.is_connected
+        still_open = {
+            c.id for c in daytona_emulator.open_connections("forked")
+        }
+        assert parent_connections <= still_open
+        posts = daytona_emulator.requests("forked", method="POST")
+        assert 3 == len(posts)
+        # The child's create went over a connection of its own.
+        assert posts[1].connection not in parent_connections
+
+    def test_after_fork_sends_nothing(self, make_client, daytona_emulator):
+        """_after_fork in a child leaves the parent's connections intact."""
+        parent = make_client(api_key="inert")
+        parent.create()
+        assert wait_for(lambda: daytona_emulator.socketio_sessions("inert"))
+        before = daytona_emulator.open_connections("inert")
+        requests = len(daytona_emulator.requests("inert"))
+
+        def child() -> int:
+            fds = fd_count()
+            _after_fork(parent)
+            # The child's copies of the websocket and pooled socket close.
+            return 0 if fd_count() <= fds - 2 else 3
+
+        assert 0 == _run_in_child(child)
+
+        time.sleep(0.2)  # A close frame would arrive within this.
+        assert before == daytona_emulator.open_connections("inert")
+        assert requests == len(daytona_emulator.requests("inert"))
+        assert all(
+            s.is_connected for s in daytona_emulator.socketio_sessions("inert")
+        )
+        assert SandboxState.STARTED == parent.create().state
