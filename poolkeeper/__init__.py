@@ -1,6 +1,7 @@
 """poolkeeper: one SDK client per process, built once, rebuilt safely."""
 
 from poolkeeper import keys
+from poolkeeper._async import AsyncProcessSingleton, aclose_all
 from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._registry import close_all
@@ -14,12 +15,14 @@ from poolkeeper.exceptions import (
 )
 
 __all__ = [
+    "AsyncProcessSingleton",
     "PoolkeeperError",
     "PoolkeeperWarning",
     "ProcessSingleton",
     "ReentrantBuildError",
     "Statistics",
     "UnclosedClientWarning",
+    "aclose_all",
     "close_all",
     "fingerprint",
     "keys",

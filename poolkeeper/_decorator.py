@@ -1,12 +1,22 @@
-"""process_singleton(): argument checks, then a ProcessSingleton."""
+"""process_singleton(): argument checks, then a (sync or async) singleton."""
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable
-from typing import Any, Literal, TypeAlias, TypeVar, Union, cast, overload
+from collections.abc import Callable, Coroutine
+from typing import (
+    Any,
+    Literal,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    Union,
+    cast,
+    overload,
+)
 
+from poolkeeper._async import AsyncProcessSingleton
 from poolkeeper._singleton import ProcessSingleton, make
 from poolkeeper.keys import EnvKey
 
@@ -17,6 +27,25 @@ _OPTIONS = ("after_fork", "close", "fork", "key", "min_rebuild_interval")
 KeyOption: TypeAlias = Union[  # noqa: UP007 -- evaluated on Python 3.10.
     Callable[[], object], tuple[Callable[[], object], ...], None
 ]
+
+
+class _Decorator(Protocol):
+    """What ``process_singleton(...)`` with options returns."""
+
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, factory: Callable[[], Coroutine[Any, Any, T]], /
+    ) -> AsyncProcessSingleton[T]: ...
+    @overload
+    def __call__(self, factory: Callable[[], T], /) -> ProcessSingleton[T]: ...
+
+
+# An async factory also matches Callable[[], T]; the first overload wins,
+# as intended, so the overlap is deliberate.
+@overload
+def process_singleton(  # type: ignore[overload-overlap]
+    factory: Callable[[], Coroutine[Any, Any, T]], /
+) -> AsyncProcessSingleton[T]: ...
 
 
 @overload
@@ -33,11 +62,11 @@ def process_singleton(
     after_fork: Callable[[Any], object] | None = None,
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
-) -> Callable[[Callable[[], T]], ProcessSingleton[T]]: ...
+) -> _Decorator: ...
 
 
 def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
-    factory: Callable[[], T] | None = None,
+    factory: Callable[[], Any] | None = None,
     /,
     *,
     key: KeyOption = None,
@@ -46,11 +75,13 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
     **unknown: object,
-) -> ProcessSingleton[T] | Callable[[Callable[[], T]], ProcessSingleton[T]]:
+) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any] | _Decorator:
     """Make a zero-argument client factory a process-wide singleton.
 
     Use it bare (``@process_singleton``) or with options
-    (``@process_singleton(key=..., close=...)``).
+    (``@process_singleton(key=..., close=...)``). On an ``async def``
+    factory it makes an :class:`AsyncProcessSingleton`: one client per
+    process and event loop, closed on its own loop.
 
     Args:
         factory: The function that builds the client; takes no arguments.
@@ -59,7 +90,8 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             no lock held; when its value changes the client is rebuilt and
             the old one retired. See :mod:`poolkeeper.keys`.
         close: Called with a retired client to close it. Default: the
-            client's own ``close()`` if it has one, else nothing.
+            client's own ``close()`` if it has one (for async singletons
+            ``aclose()`` first; awaitables are awaited), else nothing.
         after_fork: Called in a forked child with each client inherited
             from the parent, which the child then abandons without closing.
             It must not use the client's connections (they are the
@@ -72,7 +104,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         **unknown: Rejected with a clear error; every option is named.
 
     Returns:
-        The :class:`ProcessSingleton`, or a decorator making one.
+        The singleton, or a decorator making one.
 
     Raises:
         TypeError: If the factory is not a zero-argument synchronous
@@ -93,8 +125,18 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     combined_key = _check_key(key)
     _check_options(close, after_fork, fork, min_rebuild_interval)
 
-    def decorate(factory: Callable[[], T]) -> ProcessSingleton[T]:
-        _check_factory(factory)
+    def decorate(
+        factory: Callable[[], Any],
+    ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
+        if _check_factory(factory):
+            return AsyncProcessSingleton(
+                factory,
+                key=combined_key,
+                close=close,
+                after_fork=after_fork,
+                fork=fork,
+                min_rebuild_interval=float(min_rebuild_interval),
+            )
         return make(
             factory,
             key=combined_key,
@@ -105,7 +147,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         )
 
     if factory is None:
-        return decorate
+        return cast("_Decorator", decorate)
     return decorate(factory)
 
 
@@ -161,7 +203,8 @@ def _check_key(key: object) -> Callable[[], object] | None:
     return _combine(cast("tuple[Callable[[], object], ...]", parts))
 
 
-def _check_factory(factory: object) -> None:
+def _check_factory(factory: object) -> bool:
+    """Check *factory*; return whether it is an ``async def`` one."""
     if not callable(factory):
         msg = (
             "@process_singleton decorates a function that builds the "
@@ -169,18 +212,17 @@ def _check_factory(factory: object) -> None:
         )
         raise TypeError(msg)
     name = getattr(factory, "__qualname__", repr(factory))
-    if inspect.iscoroutinefunction(factory) or inspect.isasyncgenfunction(
-        factory
-    ):
+    if inspect.isasyncgenfunction(factory):
         msg = (
-            f"{name} is an async function, which @process_singleton does "
-            "not support yet; build the client in a regular function."
+            f"{name} is an async generator; a singleton factory returns "
+            "the client: use `async def` with `return`."
         )
         raise TypeError(msg)
+    is_async = inspect.iscoroutinefunction(factory)
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
-        return  # Builtins without a signature: trust the caller.
+        return is_async  # Builtins without a signature: trust the caller.
     required = [
         p.name
         for p in signature.parameters.values()
@@ -195,6 +237,7 @@ def _check_factory(factory: object) -> None:
             "functools.partial."
         )
         raise TypeError(msg)
+    return is_async
 
 
 def _combine(

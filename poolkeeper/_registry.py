@@ -23,6 +23,11 @@ class _Member(Protocol):
 _members: weakref.WeakSet[_Member] = weakref.WeakSet()
 
 
+def members() -> list[_Member]:
+    """Return the singletons alive now."""
+    return list(_members)
+
+
 def register(member: _Member) -> None:
     """Track *member* weakly for the fork hook and :func:`close_all`."""
     _members.add(member)

@@ -15,6 +15,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("poolkeeper")
 
 
+def log_close_failure(name: str, generation: int, exc: Exception) -> None:
+    """Log *exc* as a failed close, with its traceback."""
+    log.warning(
+        "Closing the retired %s client (generation %d) failed; "
+        "it was dropped.",
+        name,
+        generation,
+        exc_info=exc,
+        extra={
+            "poolkeeper_factory": name,
+            "poolkeeper_generation": generation,
+        },
+    )
+
+
 def close_client(
     name: str,
     client: object,
@@ -50,15 +65,8 @@ def close_client(
 
     try:
         result = run()
-    except Exception:
-        log.warning(
-            "Closing the retired %s client (generation %d) failed; "
-            "it was dropped.",
-            name,
-            generation,
-            exc_info=True,
-            extra=extra,
-        )
+    except Exception as exc:  # noqa: BLE001 -- logged, counted, not raised.
+        log_close_failure(name, generation, exc)
         return False
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):

@@ -15,6 +15,8 @@ import wrapt
 
 from poolkeeper import _environ, _registry
 from poolkeeper._fingerprint import fingerprint
+from poolkeeper._live import MAX_ROUNDS, Live, abandoned, evaluate_key
+from poolkeeper._proxy import ClientProxy
 from poolkeeper._retire import close_client
 from poolkeeper._stats import Statistics
 from poolkeeper.exceptions import PoolkeeperError, ReentrantBuildError
@@ -34,40 +36,6 @@ T = TypeVar("T")
 
 log = logging.getLogger("poolkeeper")
 
-# How many builds for other keys a caller waits out before giving up.
-_MAX_ROUNDS = 100
-
-# Clients a forked child inherited: kept referenced so that no finalizer
-# ever runs on them in the child, because their sockets are the parent's.
-_abandoned: list[object] = []
-
-
-class _Live(Generic[T]):
-    """A built client and what the slot knows about it."""
-
-    __slots__ = (
-        "client",
-        "fingerprint",
-        "generation",
-        "key_hash",
-        "leases",
-        "sequence",
-        "state",
-    )
-
-    def __init__(
-        self, client: T, key_hash: int, fp: str | None, gen: int
-    ) -> None:
-        self.client = client
-        self.key_hash = key_hash
-        self.fingerprint = fp
-        self.generation = gen
-        self.sequence = next(_registry.build_sequence)
-        self.leases = 0
-        # "live" -> "retired" (waits for leases) -> "closed"; "abandoned"
-        # in a forked child, where it is never closed.
-        self.state = "live"
-
 
 class _Build(Generic[T]):
     """A build in progress, which concurrent callers wait for."""
@@ -78,7 +46,7 @@ class _Build(Generic[T]):
         self.key_hash = key_hash
         self.thread = thread
         self.done = threading.Event()
-        self.live: _Live[T] | None = None
+        self.live: Live[T] | None = None
         self.error: BaseException | None = None
 
 
@@ -105,9 +73,9 @@ class ProcessSingleton(_Proxy, Generic[T]):
     _self_fork_mode: str
     _self_min_interval: float
     _self_lock: threading.RLock
-    _self_live: _Live[T] | None
+    _self_live: Live[T] | None
     _self_build: _Build[T] | None
-    _self_retired: list[_Live[T]]
+    _self_retired: list[Live[T]]
     _self_overrides: list[T]
     _self_fork_errors: list[Exception]
     _self_built_at: float
@@ -237,24 +205,11 @@ class ProcessSingleton(_Proxy, Generic[T]):
             return obj
 
     def _evaluate_key(self) -> tuple[int, object]:
-        key = self._self_key
-        if key is None:
-            return 0, None
-        # Outside any lock: a key may read files or the environment.
-        value = key()
-        try:
-            return hash(value), value
-        except TypeError:
-            msg = (
-                f"The key of {self._self_name} returned an unhashable "
-                f"{type(value).__name__}; make the key function return a "
-                "tuple of strings or other hashable values."
-            )
-            raise TypeError(msg) from None
+        return evaluate_key(self._self_key, self._self_name)
 
-    def _acquire(self, key_hash: int, key_value: object) -> _Live[T]:
+    def _acquire(self, key_hash: int, key_value: object) -> Live[T]:
         me = threading.get_ident()
-        for _ in range(_MAX_ROUNDS):
+        for _ in range(MAX_ROUNDS):
             with self._self_lock:
                 live = self._self_live
                 if live is not None and live.key_hash == key_hash:
@@ -277,12 +232,12 @@ class ProcessSingleton(_Proxy, Generic[T]):
                     return build.live
         msg = (
             f"The key of {self._self_name} changed during each of "
-            f"{_MAX_ROUNDS} builds; make the key function return a value "
+            f"{MAX_ROUNDS} builds; make the key function return a value "
             "that only changes with the configuration."
         )
         raise PoolkeeperError(msg)
 
-    def _run_build(self, build: _Build[T], key_value: object) -> _Live[T]:
+    def _run_build(self, build: _Build[T], key_value: object) -> Live[T]:
         # Build outside the lock: callers for the same key wait on the
         # build's event instead, and the lock stays free for reset() and
         # statistics(). Only one build runs at a time, so a losing duplicate
@@ -300,7 +255,7 @@ class ProcessSingleton(_Proxy, Generic[T]):
         fp = None if self._self_key is None else fingerprint(key_value)
         with self._self_lock:
             self._self_builds += 1
-            new = _Live(client, build.key_hash, fp, self._self_builds)
+            new = Live(client, build.key_hash, fp, self._self_builds)
             old = self._self_live
             self._self_live = new
             if self._self_build is build:
@@ -326,7 +281,7 @@ class ProcessSingleton(_Proxy, Generic[T]):
 
     # -- retirement ---------------------------------------------------------
 
-    def _retire_locked(self, live: _Live[T] | None) -> _Live[T] | None:
+    def _retire_locked(self, live: Live[T] | None) -> Live[T] | None:
         """Retire *live*; return it if it must be closed now."""
         if live is None:
             return None
@@ -337,7 +292,7 @@ class ProcessSingleton(_Proxy, Generic[T]):
         live.state = "closed"
         return live
 
-    def _close(self, live: _Live[T]) -> None:
+    def _close(self, live: Live[T]) -> None:
         ok = close_client(
             self._self_name,
             live.client,
@@ -414,8 +369,8 @@ class ProcessSingleton(_Proxy, Generic[T]):
             if live is not None:
                 self._unlease(live)
 
-    def _lease(self) -> _Live[T] | None:
-        for _ in range(_MAX_ROUNDS):
+    def _lease(self) -> Live[T] | None:
+        for _ in range(MAX_ROUNDS):
             client = self()
             with self._self_lock:
                 if self._self_overrides:
@@ -425,12 +380,12 @@ class ProcessSingleton(_Proxy, Generic[T]):
                     live.leases += 1
                     return live
         msg = (
-            f"{self._self_name} was retired during each of {_MAX_ROUNDS} "
+            f"{self._self_name} was retired during each of {MAX_ROUNDS} "
             "attempts to lease it; stop resetting it in a loop."
         )
         raise PoolkeeperError(msg)
 
-    def _unlease(self, live: _Live[T]) -> None:
+    def _unlease(self, live: Live[T]) -> None:
         with self._self_lock:
             live.leases -= 1
             if live.leases or live.state != "retired":
@@ -465,6 +420,19 @@ class ProcessSingleton(_Proxy, Generic[T]):
                         del stack[i]
                         break
                 self._invalidate()
+
+    def proxy(self) -> T:
+        """Return a handle that resolves to the live client on every use.
+
+        Store it where code would store "the client" (a closure, an
+        attribute): attribute access on it goes to the live client, so it
+        follows key rotation and never reaches a retired client. Nothing is
+        built until it is first used. It pickles by reference.
+
+        Returns:
+            A transparent proxy, typed as the client.
+        """
+        return cast("T", ClientProxy(self))
 
     def current(self) -> T | None:
         """Return the live client without building one.
@@ -521,7 +489,7 @@ class ProcessSingleton(_Proxy, Generic[T]):
             if live is None:
                 continue
             live.state = "abandoned"
-            _abandoned.append(live.client)
+            abandoned.append(live.client)
             if self._self_after_fork is not None:
                 try:
                     self._self_after_fork(live.client)

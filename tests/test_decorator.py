@@ -121,14 +121,14 @@ class TestBadInput:
 
         assert "eu" == process_singleton(make)().label
 
-    def test_async_factory(self):
-        """async def factories are rejected with a clear message."""
+    def test_async_generator_factory(self):
+        """An async generator is not a factory; the error says why."""
 
         async def make_async_client():
-            return FakeClient()  # pragma: no cover
+            yield FakeClient()  # pragma: no cover
 
         with pytest.raises(TypeError, match="make_async_client is an async"):
-            process_singleton(make_async_client)  # type: ignore[arg-type]
+            process_singleton(make_async_client)
 
     @pytest.mark.parametrize("key", ["API_KEY", 3, (keys.env("A"), "B"), ()])
     def test_bad_key(self, key):

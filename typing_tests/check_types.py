@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing_extensions import assert_type
 
 from poolkeeper import (
+    AsyncProcessSingleton,
     ProcessSingleton,
     Statistics,
+    aclose_all,
     fingerprint,
     keys,
     process_singleton,
@@ -52,3 +54,27 @@ with bare.lease() as leased:
     assert_type(leased, Client)
 with bare.override(Client()) as overridden:
     assert_type(overridden, Client)
+
+
+@process_singleton
+async def async_factory() -> Client:
+    """Async factory."""
+    return Client()
+
+
+@process_singleton(key=keys.env("API_KEY"))
+async def async_keyed() -> Client:
+    """Async factory, called form."""
+    return Client()
+
+
+async def use_async() -> None:
+    """Exercise the async API."""
+    assert_type(async_factory, AsyncProcessSingleton[Client])
+    assert_type(async_keyed, AsyncProcessSingleton[Client])
+    assert_type(await async_factory(), Client)
+    assert_type(await async_keyed.reset(), bool)
+    async with async_factory.lease() as leased_async:
+        assert_type(leased_async, Client)
+    assert_type(bare.proxy(), Client)
+    await aclose_all()

@@ -1,0 +1,55 @@
+"""Handles: a stand-in for "the client" that follows rebuilds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import wrapt
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    _Base = wrapt.ObjectProxy[Any]
+else:
+    _Base = wrapt.ObjectProxy
+
+
+class ClientProxy(_Base):
+    """Resolves to the singleton's live client on every attribute access.
+
+    Code that stores "the client" in a closure or an attribute keeps this
+    proxy instead, so it follows key rotation and never reaches a retired
+    client through an attribute. Operators that bypass attribute lookup
+    (``len()``, ``with``, calling the proxy) use the client resolved at the
+    latest attribute access.
+    """
+
+    def __init__(self, single: Callable[[], object]) -> None:
+        """Follow *single*; nothing is built until the proxy is used."""
+        super().__init__(None)
+        self._self_single = single
+
+    def __wrapped_get__(self) -> object:
+        # wrapt calls this while __wrapped__ is unset, i.e. on first use.
+        return self._self_single()
+
+    def __wrapped_factory__(self) -> None:
+        """Mark the proxy as lazy (wrapt then calls __wrapped_get__)."""
+
+    def __getattr__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
+        """Look *name* up on the live client, rebuilding first if needed."""
+        if name.startswith("_self_"):
+            raise AttributeError(name)
+        client = self._self_single()
+        if self.__wrapped__ is not client:
+            # Keeps isinstance(), repr() and operators on the live client.
+            self.__wrapped__ = client
+        return getattr(client, name)
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        """Pickle by reference to the singleton, never the client."""
+        return (ClientProxy, (self._self_single,))
+
+    def __repr__(self) -> str:
+        """Say what the proxy follows, without building anything."""
+        return f"<poolkeeper proxy of {self._self_single!r}>"
