@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+from poolkeeper_daytona._async_client import (
+    aclose_daytona,
+    async_daytona_client,
+)
 from poolkeeper_daytona._client import (
     DEFAULT_API_KEY_FILE,
     DaytonaCredentialsError,
@@ -22,6 +26,8 @@ __all__ = [
     "TESTED_SDK_VERSIONS",
     "DaytonaCredentialsError",
     "DaytonaInternalsWarning",
+    "aclose_daytona",
+    "async_daytona_client",
     "close_daytona",
     "daytona_client",
     "make_daytona_singleton",

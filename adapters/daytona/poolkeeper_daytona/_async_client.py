@@ -1,0 +1,73 @@
+"""A process- and loop-wide ``daytona.AsyncDaytona``, closed completely."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final
+
+import daytona
+from poolkeeper import process_singleton
+
+from poolkeeper_daytona._client import (
+    _config_from_environment,
+    _env_key,
+    _files_key,
+)
+from poolkeeper_daytona._guard import unrecognised
+
+__all__ = ["aclose_daytona", "async_daytona_client"]
+
+_log = logging.getLogger("poolkeeper.daytona")
+_SHUTDOWN_SECONDS: Final = 5.0
+
+
+async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
+    """Close a ``daytona.AsyncDaytona`` and stop its Socket.IO reconnects.
+
+    Runs the SDK's own ``close()`` (its aiohttp session, subscriptions and
+    event dispatcher), then shuts down the dispatcher's ``socketio``
+    client, which ``close()`` misses while a reconnect loop is sleeping.
+    Idempotent; failures are logged on ``poolkeeper.daytona``, never
+    raised. Must run on the loop the client was built on.
+
+    Args:
+        client: The client to close; unusable afterwards.
+
+    .. versionadded:: 0.1.0
+    """
+    dispatcher = getattr(client, "_event_dispatcher", None)
+    sio = getattr(dispatcher, "_sio", None)
+    try:
+        await client.close()  # type: ignore[no-untyped-call]
+    except Exception:  # noqa: BLE001 -- logged; the steps below still run.
+        _log.warning("AsyncDaytona.close() failed.", exc_info=True)
+    if dispatcher is None:
+        return
+    if sio is None:
+        sio = getattr(dispatcher, "_sio", None)
+    shutdown = getattr(sio, "shutdown", None)
+    if sio is not None and shutdown is None:
+        unrecognised("socketio.AsyncClient.shutdown")
+        return
+    if shutdown is not None:
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(shutdown(), _SHUTDOWN_SECONDS)
+
+
+@process_singleton(key=(_env_key, _files_key), close=aclose_daytona)
+async def async_daytona_client() -> daytona.AsyncDaytona:
+    """Return the running loop's ``daytona.AsyncDaytona``, from the env.
+
+    Configured exactly like :data:`~poolkeeper_daytona.daytona_client`
+    (``DAYTONA_API_KEY``, the key file, ``DAYTONA_API_URL``, …) and rebuilt
+    when any of it changes. One client per process and event loop; a
+    retired client is closed with :func:`aclose_daytona` on its own loop.
+
+    Raises:
+        DaytonaCredentialsError: If no credentials are found.
+
+    .. versionadded:: 0.1.0
+    """
+    return daytona.AsyncDaytona(_config_from_environment())

@@ -1,0 +1,95 @@
+"""async_daytona_client: one AsyncDaytona per event loop, closed fully."""
+
+from __future__ import annotations
+
+import asyncio
+
+from daytona_test_helpers import wait_for
+
+from poolkeeper_daytona import aclose_daytona, async_daytona_client
+
+WAIT = 20.0
+
+
+class TestAsyncDaytonaClient:
+    """The real AsyncDaytona against the emulator."""
+
+    def test_one_client_per_loop_with_reused_connections(
+        self, sdk_env, daytona_emulator
+    ):
+        """Concurrent tasks share one client; creates reuse its session."""
+        sdk_env.setenv("DAYTONA_API_KEY", "async-key")
+
+        async def main():
+            clients = await asyncio.wait_for(
+                asyncio.gather(*[async_daytona_client() for _ in range(16)]),
+                WAIT,
+            )
+            client = clients[0]
+            sandboxes = await asyncio.wait_for(
+                asyncio.gather(*[client.create() for _ in range(4)]), WAIT
+            )
+            await asyncio.wait_for(
+                asyncio.gather(*[client.delete(s) for s in sandboxes]), WAIT
+            )
+            same = all(c is client for c in clients)
+            stats = async_daytona_client.statistics()
+            await async_daytona_client.reset()
+            return same, stats
+
+        same, stats = asyncio.run(main())
+
+        assert same
+        assert 1 == stats.builds
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("async-key")
+        )
+        # One aiohttp session: far fewer connections than requests.
+        total = daytona_emulator.total_connections("async-key")
+        requests = len(daytona_emulator.requests("async-key"))
+        assert total < requests
+
+    def test_rotation_closes_the_old_client_on_its_loop(
+        self, sdk_env, daytona_emulator
+    ):
+        """A new DAYTONA_API_KEY retires the old client and closes it."""
+        sdk_env.setenv("DAYTONA_API_KEY", "async-old")
+        closes_before = async_daytona_client.statistics().closes
+
+        async def main():
+            old = await async_daytona_client()
+            await old.create()
+            sdk_env.setenv("DAYTONA_API_KEY", "async-new")
+            new = await async_daytona_client()
+            await new.create()
+            await async_daytona_client.reset()
+            return old is not new
+
+        assert asyncio.run(main())
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("async-old")
+        )
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("async-new")
+        )
+        closes = async_daytona_client.statistics().closes
+        assert closes_before + 2 == closes
+
+    def test_aclose_daytona_twice(self, daytona_emulator):
+        """Closing twice is harmless."""
+        import daytona
+
+        async def main():
+            client = daytona.AsyncDaytona(
+                daytona.DaytonaConfig(
+                    api_key="async-twice", api_url=daytona_emulator.api_url
+                )
+            )
+            await client.create()
+            await aclose_daytona(client)
+            await aclose_daytona(client)
+
+        asyncio.run(main())
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("async-twice")
+        )
