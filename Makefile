@@ -37,7 +37,11 @@ unit: venv
 	cd tests && ../$(BIN)/python -m pytest
 	cd adapters/daytona && ../../$(BIN)/pytest
 
-test: lint typecheck unit
+# Warnings are errors, and every cross-reference must resolve (-n).
+docs: venv
+	$(BIN)/sphinx-build -q -W --keep-going -n -b html docs docs/_build/html
+
+test: lint typecheck docs unit
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py

@@ -17,7 +17,7 @@ import wrapt
 from poolkeeper import _registry
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._live import MAX_ROUNDS, Live, abandoned, evaluate_key
-from poolkeeper._retire import log_close_failure
+from poolkeeper._retire import log_close_failure, report_fork_errors
 from poolkeeper._stats import Statistics
 from poolkeeper.exceptions import (
     PoolkeeperError,
@@ -87,9 +87,10 @@ class AsyncProcessSingleton(_Base, Generic[T]):
     # Loops are held strongly: a loop that ends with live clients is
     # reported by close_all(), never silently forgotten.
     _self_slots: dict[asyncio.AbstractEventLoop, _Slot[T]]
-    _self_overrides: list[T]
+    _self_overrides: tuple[T, ...]
     _self_counts: dict[str, int]
     _self_pid: int
+    _self_fork_errors: list[Exception]
 
     def __init__(  # noqa: PLR0913 -- mirrors the keyword-only options.
         self,
@@ -109,7 +110,8 @@ class AsyncProcessSingleton(_Base, Generic[T]):
         self._self_after_fork = after_fork
         self._self_fork_mode = fork
         self._self_min_interval = min_rebuild_interval
-        self._self_overrides = []
+        self._self_overrides = ()
+        self._self_fork_errors = []
         self._forget_all()
         _registry.register(self)
 
@@ -147,8 +149,11 @@ class AsyncProcessSingleton(_Base, Generic[T]):
         Raises:
             ReentrantBuildError: If the factory awaits its own singleton.
         """
-        if self._self_overrides:
-            return self._self_overrides[-1]
+        overrides = self._self_overrides
+        if overrides:
+            return overrides[-1]
+        if self._self_fork_errors:
+            report_fork_errors(self._self_name, self._self_fork_errors)
         slot = self._slot()
         key_hash, key_value = evaluate_key(self._self_key, self._self_name)
         live = slot.live
@@ -309,11 +314,15 @@ class AsyncProcessSingleton(_Base, Generic[T]):
         Yields:
             *obj*.
         """
-        self._self_overrides.append(obj)
+        self._self_overrides = (*self._self_overrides, obj)
         try:
             yield obj
         finally:
-            self._self_overrides.remove(obj)
+            stack = list(self._self_overrides)
+            stack.reverse()
+            stack.remove(obj)
+            stack.reverse()
+            self._self_overrides = tuple(stack)
 
     def current(self) -> T | None:
         """Return the running loop's live client without building one.
@@ -321,8 +330,9 @@ class AsyncProcessSingleton(_Base, Generic[T]):
         Returns:
             The client, or ``None`` (also when no loop is running).
         """
-        if self._self_overrides:
-            return self._self_overrides[-1]
+        overrides = self._self_overrides
+        if overrides:
+            return overrides[-1]
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -454,8 +464,10 @@ class AsyncProcessSingleton(_Base, Generic[T]):
             live.state = "abandoned"
             abandoned.append(live.client)
             if self._self_after_fork is not None:
-                with contextlib.suppress(Exception):
+                try:
                     self._self_after_fork(live.client)
+                except Exception as exc:  # noqa: BLE001 -- logged on first use.
+                    self._self_fork_errors.append(exc)
 
     def _invalidate(self) -> None:
         """Nothing to switch: the async hit path always checks its key."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import warnings
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,23 @@ def log_close_failure(name: str, generation: int, exc: Exception) -> None:
             "poolkeeper_generation": generation,
         },
     )
+
+
+def report_fork_errors(name: str, errors: list[Exception]) -> None:
+    """Log, once, the after_fork failures the at-fork hook had to keep quiet.
+
+    Empties *errors*: the hook runs in a forked child where logging could
+    deadlock, so the first call in the child reports them instead.
+    """
+    while errors:
+        exc = errors.pop(0)
+        log.warning(
+            "The after_fork hook of %s failed in process %d.",
+            name,
+            os.getpid(),
+            exc_info=exc,
+            extra={"poolkeeper_factory": name},
+        )
 
 
 def close_client(

@@ -17,7 +17,7 @@ from poolkeeper import _environ, _registry
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._live import MAX_ROUNDS, Live, abandoned, evaluate_key
 from poolkeeper._proxy import ClientProxy
-from poolkeeper._retire import close_client
+from poolkeeper._retire import close_client, report_fork_errors
 from poolkeeper._stats import Statistics
 from poolkeeper.exceptions import PoolkeeperError, ReentrantBuildError
 from poolkeeper.keys import EnvKey
@@ -76,7 +76,8 @@ class ProcessSingleton(_Proxy, Generic[T]):
     _self_live: Live[T] | None
     _self_build: _Build[T] | None
     _self_retired: list[Live[T]]
-    _self_overrides: list[T]
+    # A tuple, replaced whole: readers without the lock see old or new.
+    _self_overrides: tuple[T, ...]
     _self_fork_errors: list[Exception]
     _self_built_at: float
     _self_pushed: bool
@@ -128,7 +129,7 @@ class ProcessSingleton(_Proxy, Generic[T]):
         self._self_live = None
         self._self_build = None
         self._self_retired = []
-        self._self_overrides = []
+        self._self_overrides = ()
         self._self_fork_errors = []
         self._self_built_at = float("-inf")
         self._reset_counters()
@@ -186,8 +187,9 @@ class ProcessSingleton(_Proxy, Generic[T]):
         return live.client
 
     def _call_polled(self) -> T:
-        if self._self_overrides:
-            return self._self_overrides[-1]
+        overrides = self._self_overrides
+        if overrides:
+            return overrides[-1]
         key_hash, key_value = self._evaluate_key()
         live = self._self_live
         if live is None or live.key_hash != key_hash:
@@ -198,11 +200,11 @@ class ProcessSingleton(_Proxy, Generic[T]):
 
     def _serve_override(self) -> T:
         with self._self_lock:
-            if not self._self_overrides:
-                return self()
-            obj = self._self_overrides[-1]
-            self._arm(obj)
-            return obj
+            overrides = self._self_overrides
+            if overrides:
+                self._arm(overrides[-1])
+                return overrides[-1]
+        return self()  # The block ended meanwhile.
 
     def _evaluate_key(self) -> tuple[int, object]:
         return evaluate_key(self._self_key, self._self_name)
@@ -408,17 +410,18 @@ class ProcessSingleton(_Proxy, Generic[T]):
             *obj*.
         """
         with self._self_lock:
-            self._self_overrides.append(obj)
+            self._self_overrides = (*self._self_overrides, obj)
             self._arm(obj)
         try:
             yield obj
         finally:
             with self._self_lock:
-                stack = self._self_overrides
+                stack = list(self._self_overrides)
                 for i in range(len(stack) - 1, -1, -1):
                     if stack[i] is obj:
                         del stack[i]
                         break
+                self._self_overrides = tuple(stack)
                 self._invalidate()
 
     def proxy(self) -> T:
@@ -440,8 +443,9 @@ class ProcessSingleton(_Proxy, Generic[T]):
         Returns:
             The live client (or the override), ``None`` if none is live.
         """
-        if self._self_overrides:
-            return self._self_overrides[-1]
+        overrides = self._self_overrides
+        if overrides:
+            return overrides[-1]
         live = self._self_live
         return None if live is None else live.client
 
@@ -497,15 +501,7 @@ class ProcessSingleton(_Proxy, Generic[T]):
                     self._self_fork_errors.append(exc)
 
     def _report_fork_errors(self) -> None:
-        errors, self._self_fork_errors = self._self_fork_errors, []
-        for exc in errors:
-            log.warning(
-                "The after_fork hook of %s failed in process %d.",
-                self._self_name,
-                os.getpid(),
-                exc_info=exc,
-                extra={"poolkeeper_factory": self._self_name},
-            )
+        report_fork_errors(self._self_name, self._self_fork_errors)
 
     # -- identity -----------------------------------------------------------
 

@@ -315,6 +315,29 @@ class TestFork:
             close_all()
 
 
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
+    def test_after_fork_failure_is_logged_on_first_use(self, caplog):
+        """A failing after_fork is reported in the child, never raised."""
+
+        def broken(client):
+            raise RuntimeError("cannot release")
+
+        single, _ = make(after_fork=broken)
+
+        async def main():
+            await single()
+            code = fork_and_check(child)
+            await aclose_all()
+            return code
+
+        def child():
+            with caplog.at_level("WARNING", logger="poolkeeper"):
+                asyncio.run(single())
+            return "cannot release" in caplog.text
+
+        assert 0 == asyncio.run(main())
+
+
 class TestProxy:
     def test_proxy_follows_rotation(self):
         """A stored proxy reaches the new client after a key change."""
