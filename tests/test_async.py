@@ -314,7 +314,6 @@ class TestFork:
         with pytest.warns(UnclosedClientWarning):
             close_all()
 
-
     @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
     def test_after_fork_failure_is_logged_on_first_use(self, caplog):
         """A failing after_fork is reported in the child, never raised."""
