@@ -62,6 +62,8 @@ nitpick_ignore = [
     # The Daytona SDK's classes, documented by Daytona, not here.
     ("py:class", "daytona.Daytona"),
     ("py:class", "daytona.DaytonaConfig"),
+    ("py:class", "daytona.AsyncDaytona"),
+    ("py:class", "daytona._async.daytona.AsyncDaytona"),
     # The type variable of the generic API ("the factory's return type"),
     # as autodoc renders it from the private modules that define it; it has
     # no page of its own.

@@ -7,15 +7,18 @@ from poolkeeper._fingerprint import fingerprint
 from poolkeeper._registry import close_all
 from poolkeeper._singleton import ProcessSingleton
 from poolkeeper._stats import Statistics
+from poolkeeper._watch import unwatch, watch
 from poolkeeper.exceptions import (
     PoolkeeperError,
     PoolkeeperWarning,
+    PoolLeakWarning,
     ReentrantBuildError,
     UnclosedClientWarning,
 )
 
 __all__ = [
     "AsyncProcessSingleton",
+    "PoolLeakWarning",
     "PoolkeeperError",
     "PoolkeeperWarning",
     "ProcessSingleton",
@@ -27,6 +30,8 @@ __all__ = [
     "fingerprint",
     "keys",
     "process_singleton",
+    "unwatch",
+    "watch",
 ]
 
 __version__: str = "0.1.0"

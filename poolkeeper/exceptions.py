@@ -5,6 +5,7 @@ The hierarchy::
     PoolkeeperError(Exception)
     └── ReentrantBuildError(PoolkeeperError, RuntimeError)
     PoolkeeperWarning(Warning)
+    ├── PoolLeakWarning(PoolkeeperWarning)
     └── UnclosedClientWarning(PoolkeeperWarning, ResourceWarning)
 
 Errors raised by a factory or a key function are never wrapped: they reach
@@ -14,6 +15,7 @@ the caller unchanged, so code keeps catching the SDK's own exception types.
 from __future__ import annotations
 
 __all__ = [
+    "PoolLeakWarning",
     "PoolkeeperError",
     "PoolkeeperWarning",
     "ReentrantBuildError",
@@ -58,6 +60,49 @@ class PoolkeeperWarning(Warning):
 
     .. versionadded:: 0.1
     """
+
+
+class PoolLeakWarning(PoolkeeperWarning):
+    """More instances of a pool-owning client are alive than expected.
+
+    Emitted by :func:`poolkeeper.watch` when the number of live instances
+    of one watched class crosses its limit, and again each time that number
+    doubles. Each client owns a connection pool (sockets, often threads),
+    so many live clients usually mean one is built per call or per retry.
+
+    Args:
+        name: The client class, as ``module.QualName``.
+        count: How many instances are alive now.
+        limit: The most instances expected to be alive at once.
+        sites: The places (``path:line``) that built the live instances
+            most often, each with its number of live instances, most first.
+
+    .. versionadded:: 0.1
+    """
+
+    def __init__(
+        self,
+        name: str,
+        count: int,
+        limit: int,
+        sites: tuple[tuple[str, int], ...],
+    ) -> None:
+        """Record the class, the count, the limit and the call sites."""
+        super().__init__(name, count, limit, sites)
+        self.name = name
+        self.count = count
+        self.limit = limit
+        self.sites = sites
+
+    def __str__(self) -> str:
+        """Say how many are alive, where they were built, and the fix."""
+        built = ", ".join(f"{site} ({n})" for site, n in self.sites)
+        return (
+            f"{self.count} {self.name} instances are alive at once "
+            f"(limit {self.limit}), built at: {built or 'unknown'}; each "
+            "owns a connection pool, so build one per process and reuse "
+            "it, e.g. with @poolkeeper.process_singleton."
+        )
 
 
 class UnclosedClientWarning(PoolkeeperWarning, ResourceWarning):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import pytest
 from helpers import fork_and_check, run_threads
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -188,3 +189,7 @@ TestLifecycle.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+# 2,000 examples (20,000 under the soak profile) of up to 12 steps, with
+# real threads and forks, outlast the suite's default per-test timeout.
+pytestmark = pytest.mark.timeout(3600)

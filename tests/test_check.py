@@ -1,0 +1,297 @@
+"""poolkeeper check: the incident's shape is caught, ordinary code is not."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from poolkeeper._check import main
+
+FIXTURES = Path(__file__).parent / "check_fixtures"
+ROOT = Path(__file__).parent.parent
+
+
+def run(capsys, *args):
+    """Run the checker in-process; return (status, [(line, col, code)])."""
+    status = main(["check", *map(str, args)])
+    out = capsys.readouterr().out.splitlines()
+    found = []
+    for line in out:
+        where, _, rest = line.partition(": ")
+        _, row, col = where.rsplit(":", 2)
+        found.append((int(row), int(col), rest.split()[0]))
+    return status, found
+
+
+@pytest.fixture(name="check")
+def _check(tmp_path, capsys):
+    """Check *source*, written to a module; return (status, findings)."""
+
+    def check(source, *args):
+        path = tmp_path / "module.py"
+        path.write_text(textwrap.dedent(source), encoding="utf-8")
+        return run(capsys, path, *args)
+
+    return check
+
+
+class TestIncident:
+    """The incident's module, before and after the fix."""
+
+    def test_before_fix(self, tmp_path, capsys):
+        """The retry loop's call to make_daytona() is PK002."""
+        path = shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        status, found = run(capsys, path)
+        assert 1 == status
+        assert [(15, 12, "PK001"), (27, 23, "PK002")] == found
+
+    def test_message_names_factory(self, tmp_path, capsys):
+        """The PK002 message names the factory and the client."""
+        path = shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        main(["check", str(path)])
+        out = capsys.readouterr().out
+        assert (
+            f"{path}:27:23: PK002 make_daytona() builds a daytona.Daytona "
+            "on every call and is called inside a loop"
+        ) in out
+
+    @pytest.mark.parametrize(
+        "name", ["incident_fixed.py", "incident_handwritten.py"]
+    )
+    def test_after_fix(self, tmp_path, capsys, name):
+        """A @process_singleton factory, or a locked global, is clean."""
+        path = shutil.copy(FIXTURES / name, tmp_path)
+        assert (0, []) == run(capsys, path)
+
+
+class TestResolution:
+    """Calls are matched through imports and aliases."""
+
+    @pytest.mark.parametrize(
+        "source",
+        [
+            "from daytona import Daytona as D\ndef f():\n    return D()\n",
+            "import daytona as dt\ndef f():\n    return dt.Daytona()\n",
+            (
+                "import daytona._sync.daytona\n"
+                "def f():\n    return daytona._sync.daytona.Daytona()\n"
+            ),
+            "def f():\n    from httpx import Client\n    return Client()\n",
+            "import boto3\ndef f():\n    return boto3.client('s3')\n",
+        ],
+    )
+    def test_aliases(self, check, source):
+        """Each spelling of a client's constructor is found."""
+        assert (1, [(3, 12, "PK001")]) == check(source)
+
+    def test_alias_by_assignment(self, check):
+        """A module-level alias of a client class is followed."""
+        source = "import httpx\nC = httpx.Client\ndef f():\n    return C()\n"
+        assert (1, [(4, 12, "PK001")]) == check(source)
+
+    def test_unrelated_names(self, check):
+        """A local class or a parameter with a client's name is not one."""
+        source = """
+            class Client:
+                pass
+
+            def f(Daytona):
+                return Client(), Daytona()
+        """
+        assert (0, []) == check(source)
+
+
+class TestContexts:
+    """Where a client is built decides the code."""
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            "for _ in range(3):\n        c = httpx.Client()",
+            "while True:\n        c = httpx.Client()",
+            (
+                "try:\n        pass\n    except OSError:\n"
+                "        c = httpx.Client()"
+            ),
+            "return [httpx.Client() for _ in range(3)]",
+        ],
+    )
+    def test_pk002(self, check, body):
+        """A loop, an except block or a comprehension is PK002."""
+        status, found = check(f"import httpx\ndef f():\n    {body}\n")
+        assert 1 == status
+        assert ["PK002"] == [code for _, _, code in found]
+
+    @pytest.mark.parametrize(
+        "decorator",
+        [
+            "import tenacity\n@tenacity.retry(stop=tenacity.stop_never)",
+            "from tenacity import retry\n@retry",
+            "import backoff\n@backoff.on_exception(backoff.expo, OSError)",
+        ],
+    )
+    def test_retried_function(self, check, decorator):
+        """A function a retry decorator re-runs is PK002."""
+        source = (
+            f"import httpx\n{decorator}\ndef f():\n    return httpx.Client()\n"
+        )
+        _, found = check(source)
+        assert ["PK002"] == [code for _, _, code in found]
+
+    @pytest.mark.parametrize(
+        "source",
+        [
+            "@functools.cache\ndef f():\n    return httpx.Client()",
+            "@functools.lru_cache(1)\ndef f():\n    return httpx.Client()",
+            (
+                "@poolkeeper.process_singleton(key=str)\n"
+                "def f():\n    return httpx.Client()"
+            ),
+            (
+                "def f():\n    return httpx.Client()\n"
+                "g = poolkeeper.process_singleton(f)"
+            ),
+            "def f():\n    with httpx.Client() as c:\n        return c.get()",
+            (
+                "def f():\n    c = httpx.Client()\n    try:\n"
+                "        return c.get('/')\n    finally:\n        c.close()"
+            ),
+            "def f(stack):\n    return stack.enter_context(httpx.Client())",
+            (
+                "class A:\n    def __init__(self):\n"
+                "        self.c = httpx.Client()"
+            ),
+            "c = httpx.Client()",
+        ],
+    )
+    def test_clean(self, check, source):
+        """Cached, closed, owned and module-level clients are fine."""
+        header = "import functools\nimport httpx\nimport poolkeeper\n"
+        assert (0, []) == check(header + source + "\n")
+
+    def test_method_factory(self, check):
+        """self.make() in a loop, where make() builds a client, is PK002."""
+        source = """
+            import httpx
+
+            class Service:
+                def make(self):
+                    return httpx.Client()
+
+                def fetch(self, urls):
+                    for url in urls:
+                        self.make().get(url)
+        """
+        _, found = check(source)
+        assert [(6, 16, "PK001"), (10, 13, "PK002")] == found
+
+
+class TestNoqa:
+    """noqa comments silence findings."""
+
+    @pytest.mark.parametrize(
+        "comment", ["# noqa: PK001", "# noqa", "#noqa:PK001,E501"]
+    )
+    def test_silenced(self, check, comment):
+        """A matching or bare noqa silences the line."""
+        source = (
+            f"import httpx\ndef f():\n    return httpx.Client()  {comment}\n"
+        )
+        assert (0, []) == check(source)
+
+    def test_other_code(self, check):
+        """A noqa for another code does not."""
+        source = (
+            "import httpx\ndef f():\n"
+            "    return httpx.Client()  # noqa: PK002\n"
+        )
+        assert (1, [(3, 12, "PK001")]) == check(source)
+
+
+class TestConfig:
+    """[tool.poolkeeper] in the nearest pyproject.toml."""
+
+    def test_clients_and_exclude(self, tmp_path, capsys):
+        """clients adds a callable; exclude skips a folder."""
+        (tmp_path / "pyproject.toml").write_text(
+            '[tool.poolkeeper]\nclients = ["mysdk:Client"]\n'
+            'exclude = ["generated"]\n',
+            encoding="utf-8",
+        )
+        source = "import mysdk\ndef f():\n    return mysdk.Client()\n"
+        (tmp_path / "app.py").write_text(source, encoding="utf-8")
+        (tmp_path / "generated").mkdir()
+        (tmp_path / "generated" / "gen.py").write_text(
+            source, encoding="utf-8"
+        )
+        status, found = run(capsys, tmp_path)
+        assert (1, [(3, 12, "PK001")]) == (status, found)
+
+    @pytest.mark.parametrize(
+        "table",
+        ['clients = "mysdk:Client"', 'clients = ["mysdk"]', "colour = 1"],
+    )
+    def test_bad_config(self, tmp_path, capsys, table):
+        """A malformed table is a usage error."""
+        (tmp_path / "pyproject.toml").write_text(
+            f"[tool.poolkeeper]\n{table}\n", encoding="utf-8"
+        )
+        (tmp_path / "app.py").write_text("x = 1\n", encoding="utf-8")
+        assert 2 == main(["check", str(tmp_path)])
+        assert "pyproject.toml" in capsys.readouterr().err
+
+
+class TestExitStatus:
+    """0 clean, 1 findings, 2 usage errors."""
+
+    def test_clean(self, check):
+        """Nothing found: 0."""
+        assert (0, []) == check("x = 1\n")
+
+    def test_missing_path(self, tmp_path, capsys):
+        """A path that does not exist: 2."""
+        assert 2 == main(["check", str(tmp_path / "missing.py")])
+        assert "no such file" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("argv", [[], ["lint"], ["check", "--bogus"]])
+    def test_usage(self, capsys, argv):
+        """No command, an unknown command or option: 2."""
+        assert 2 == main(argv)
+
+    def test_syntax_error_skipped(self, check, capsys):
+        """A file that does not parse is reported on stderr, not counted."""
+        assert (0, []) == check("import httpx\ndef f(:\n")
+
+    def test_module_entry_point(self, tmp_path):
+        """python -m poolkeeper check exits 1 and prints the finding."""
+        path = shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-m", "poolkeeper", "check", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert 1 == done.returncode
+        assert f"{path}:27:23: PK002" in done.stdout
+
+
+class TestCorpus:
+    """The project itself is clean."""
+
+    def test_project_is_clean(self, capsys, monkeypatch):
+        """No findings in the project (its config excludes test fixtures)."""
+        monkeypatch.chdir(ROOT)
+        # _demo.py's naive phase builds a client per attempt on purpose.
+        status, found = run(
+            capsys,
+            ROOT,
+            "--exclude",
+            "adapters/daytona/poolkeeper_daytona/_demo.py",
+        )
+        assert (0, []) == (status, found)

@@ -1,0 +1,287 @@
+"""poolkeeper.watch: count live clients, warn at the line that leaks them."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+import warnings
+
+import pytest
+
+import poolkeeper
+from poolkeeper import PoolLeakWarning, _watch
+from poolkeeper._clients import WATCHED_CLASSES
+
+_SDK_SOURCE = textwrap.dedent(
+    """
+    class Client:
+        def __init__(self, number=0):
+            self.number = number
+
+        def get(self):
+            return self.number
+
+
+    class Inherited(Client):
+        pass
+
+
+    class Slotted:
+        __slots__ = ("number",)
+
+        def __init__(self):
+            self.number = 0
+
+
+    def make():
+        return Client()
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def _unwatch_after_test():
+    """Leave no class patched for the next test."""
+    yield
+    poolkeeper.unwatch()
+
+
+@pytest.fixture(name="sdk")
+def _sdk(tmp_path, monkeypatch):
+    """Return the name of a fresh, not yet imported fake SDK module."""
+    name = f"fakesdk_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(_SDK_SOURCE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def build(cls, count):
+    """Build *count* instances of *cls*, all from one line."""
+    return [cls(n) for n in range(count)]
+
+
+BUILD_SITE = f"{__file__}:{build.__code__.co_firstlineno + 2}"
+
+
+class TestLazyPatching:
+    """Classes are patched when their module is imported, not before."""
+
+    def test_watch_imports_nothing(self, sdk):
+        """watch() leaves a module that is not imported alone."""
+        poolkeeper.watch(f"{sdk}:Client")
+        assert sdk not in sys.modules
+
+    def test_patched_on_import(self, sdk):
+        """A module imported after watch() has its class counted."""
+        poolkeeper.watch(f"{sdk}:Client", limit=3)
+        module = importlib.import_module(sdk)
+        with pytest.warns(PoolLeakWarning) as record:
+            kept = build(module.Client, 4)
+        assert 1 == len(record)
+        assert 4 == len(kept)
+
+    def test_already_imported(self, sdk):
+        """A module imported before watch() is patched at once."""
+        module = importlib.import_module(sdk)
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        with pytest.warns(PoolLeakWarning):
+            build(module.Client, 2)
+
+    def test_default_names_import_nothing(self):
+        """watch() with no names imports none of the SDKs it watches."""
+        code = (
+            "import sys, poolkeeper; poolkeeper.watch(); "
+            "print(' '.join(sorted(sys.modules)))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.split()
+        tops = {
+            spec.partition(":")[0].split(".")[0] for spec in WATCHED_CLASSES
+        }
+        assert set() == tops & {name.split(".")[0] for name in out}
+
+    def test_environment_variable(self):
+        """POOLKEEPER_WATCH=1 watches the well-known clients at import."""
+        code = (
+            "import sys, poolkeeper; from poolkeeper import _watch; "
+            "print(sorted(_watch._targets) == sorted(_watch.WATCHED_CLASSES),"
+            " _watch._targets['httpx:Client'].limit, 'httpx' in sys.modules)"
+        )
+        env = {**os.environ, "POOLKEEPER_WATCH": "1"}
+        env["POOLKEEPER_WATCH_LIMIT"] = "7"
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+            env=env,
+        ).stdout.split()
+        assert ["True", "7", "False"] == out
+
+
+class TestThreshold:
+    """The warning names the class, the count and the building line."""
+
+    def test_names_class_count_and_site(self, sdk):
+        """Crossing the limit warns at the line that built the clients."""
+        poolkeeper.watch(f"{sdk}:Client", limit=3)
+        module = importlib.import_module(sdk)
+        with pytest.warns(PoolLeakWarning) as record:
+            kept = build(module.Client, 4)
+        warning = record[0].message
+        assert isinstance(warning, PoolLeakWarning)
+        assert f"{sdk}.Client" == warning.name
+        assert 4 == warning.count
+        assert 3 == warning.limit
+        assert ((BUILD_SITE, 4),) == warning.sites
+        assert BUILD_SITE == f"{record[0].filename}:{record[0].lineno}"
+        assert BUILD_SITE in str(warning)
+        del kept
+
+    def test_sdk_frames_are_skipped(self, sdk):
+        """A client built inside the SDK is charged to the SDK's caller."""
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        module = importlib.import_module(sdk)
+        with pytest.warns(PoolLeakWarning) as record:
+            kept = [module.make() for _ in range(2)]
+        site = f"{__file__}:{sys._getframe().f_lineno - 1}"
+        assert ((site, 2),) == record[0].message.sites
+        del kept
+
+    def test_no_warning_at_limit(self, sdk):
+        """Exactly *limit* live instances are fine."""
+        poolkeeper.watch(f"{sdk}:Client", limit=3)
+        module = importlib.import_module(sdk)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PoolLeakWarning)
+            kept = build(module.Client, 3)
+        assert 3 == len(kept)
+
+    def test_once_per_doubling(self, sdk):
+        """Twelve live instances over a limit of three warn at 4 and 8."""
+        poolkeeper.watch(f"{sdk}:Client", limit=3)
+        module = importlib.import_module(sdk)
+        with pytest.warns(PoolLeakWarning) as record:
+            kept = build(module.Client, 12)
+        assert [4, 8] == [w.message.count for w in record]
+        del kept
+
+    def test_gc_lowers_the_count(self, sdk):
+        """Collected clients no longer count toward the limit."""
+        poolkeeper.watch(f"{sdk}:Client", limit=3)
+        module = importlib.import_module(sdk)
+        kept = build(module.Client, 3)
+        assert 3 == _watch.live_counts()[f"{sdk}.Client"]
+        del kept
+        gc.collect()
+        assert 0 == _watch.live_counts()[f"{sdk}.Client"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PoolLeakWarning)
+            kept = build(module.Client, 3)
+        del kept
+
+    def test_warns_again_after_recovery(self, sdk):
+        """After the count falls back to the limit, a new crossing warns."""
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        module = importlib.import_module(sdk)
+        with pytest.warns(PoolLeakWarning):
+            kept = build(module.Client, 2)
+        del kept
+        gc.collect()
+        kept = build(module.Client, 1)
+        with pytest.warns(PoolLeakWarning):
+            kept += build(module.Client, 1)
+
+    def test_subclass_counted_under_its_own_name(self, sdk):
+        """A subclass that inherits __init__ is counted as itself."""
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        module = importlib.import_module(sdk)
+        with pytest.warns(PoolLeakWarning) as record:
+            kept = build(module.Inherited, 2)
+        assert f"{sdk}.Inherited" == record[0].message.name
+        del kept
+
+    def test_not_weakrefable(self, sdk, caplog):
+        """A class without weak reference support is skipped with a log."""
+        poolkeeper.watch(f"{sdk}:Slotted", limit=1)
+        module = importlib.import_module(sdk)
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            kept = [module.Slotted() for _ in range(3)]
+        assert 3 == len(kept)
+        assert 1 == len(caplog.records)
+        assert "weak references" in caplog.records[0].getMessage()
+
+
+class TestUnwatch:
+    """unwatch() puts every class back as it was."""
+
+    def test_restores_init(self, sdk):
+        """The original __init__ is back and nothing is counted."""
+        module = importlib.import_module(sdk)
+        original = module.Client.__dict__["__init__"]
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        assert original is not module.Client.__dict__["__init__"]
+        poolkeeper.unwatch(f"{sdk}:Client")
+        assert original is module.Client.__dict__["__init__"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PoolLeakWarning)
+            build(module.Client, 3)
+
+    def test_inherited_init_removed(self, sdk):
+        """A class that inherited __init__ inherits it again."""
+        module = importlib.import_module(sdk)
+        poolkeeper.watch(f"{sdk}:Inherited")
+        assert "__init__" in module.Inherited.__dict__
+        poolkeeper.unwatch()
+        assert "__init__" not in module.Inherited.__dict__
+
+    def test_pending_hook_is_inert(self, sdk):
+        """A module imported after unwatch() is not patched."""
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        poolkeeper.unwatch()
+        module = importlib.import_module(sdk)
+        assert (
+            "FunctionWrapper"
+            not in type(module.Client.__dict__["__init__"]).__name__
+        )
+
+    def test_methods_untouched(self, sdk):
+        """Only construction is wrapped; methods are the class's own."""
+        module = importlib.import_module(sdk)
+        get = module.Client.__dict__["get"]
+        poolkeeper.watch(f"{sdk}:Client")
+        assert get is module.Client.__dict__["get"]
+
+
+class TestArguments:
+    """Bad names and limits fail at once."""
+
+    @pytest.mark.parametrize("name", ["httpx", ":Client", "httpx:", "a:b:c"])
+    def test_bad_name(self, name):
+        """A name that is not module:Class is a ValueError."""
+        with pytest.raises(ValueError, match="module:Class"):
+            poolkeeper.watch(name)
+
+    def test_limit_below_one(self):
+        """A limit below one is a ValueError."""
+        with pytest.raises(ValueError, match="at least 1"):
+            poolkeeper.watch("httpx:Client", limit=0)
+
+    @pytest.mark.parametrize("limit", ["3", 2.5, True])
+    def test_limit_not_int(self, limit):
+        """A limit that is not an int is a TypeError."""
+        with pytest.raises(TypeError, match="integer"):
+            poolkeeper.watch("httpx:Client", limit=limit)
