@@ -16,7 +16,7 @@ $(BIN)/uv:
 # tests exercise what a wheel ships.
 venv: $(BIN)/uv
 	$(UV) --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
-		".[test,lint,bench,docs]" "./adapters/daytona[test]"
+		".[test,lint,bench,docs,ray]" "./adapters/daytona[test]"
 
 demo: venv
 	$(BIN)/python examples/quickstart.py

@@ -8,7 +8,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 
-WAIT = 10.0  # Upper bound, in seconds, on every wait in the tests.
+WAIT = 30.0  # Upper bound, in seconds, on every wait in the tests.
 
 
 class FakeClient:
