@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
 
-.PHONY: demo test venv lint typecheck unit bench docs clean
+.PHONY: demo quickstart demo-smoke test venv lint typecheck unit bench docs clean
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,17 @@ venv: $(BIN)/uv
 	$(UV) --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
 		".[test,lint,bench,docs,ray]" "./adapters/daytona[test]"
 
+# The incident and its fix, live, on the embedded Daytona emulator.
 demo: venv
+	$(BIN)/poolkeeper-daytona demo
+
+quickstart: venv
+	$(BIN)/python examples/quickstart.py
+
+# The demo doubles as a smoke test: it exits 1 if the pooled phase's fds
+# grow. Small settings keep it short.
+demo-smoke: venv
+	$(BIN)/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
 	$(BIN)/python examples/quickstart.py
 
 lint: venv
@@ -41,7 +51,7 @@ unit: venv
 docs: venv
 	$(BIN)/sphinx-build -q -W --keep-going -n -b html docs docs/_build/html
 
-test: lint typecheck docs unit
+test: lint typecheck docs unit demo-smoke
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
