@@ -80,4 +80,4 @@ nitpick_ignore = [
 
 html_theme = "furo"
 html_title = f"poolkeeper {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
