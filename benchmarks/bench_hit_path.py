@@ -396,6 +396,33 @@ TARGETS = (
 )
 
 
+def time_handles(settings: Settings) -> str:
+    """Time one attribute access: on the client, a proxy, a call + access."""
+    single = process_singleton(_factory("handle"))
+    client = single()
+    handle = single.proxy()
+    if handle.variant != "handle" or handle.__wrapped__ is not client:
+        msg = "the proxy did not resolve to the live client"
+        raise RuntimeError(msg)
+    accesses: dict[str, Callable[[], object]] = {
+        "client.attr (a stored client)": lambda: client.variant,
+        "single().attr (call, then access)": lambda: single().variant,
+        "single.proxy().attr (a stored proxy)": lambda: handle.variant,
+    }
+    samples = time_single(accesses, settings)  # type: ignore[arg-type]
+    base = next(iter(accesses))
+    lines = [
+        "| Access | median ns | x stored client |",
+        "|---|---:|---:|",
+    ]
+    for name, values in samples.items():
+        ratio = paired_ratio(samples, name, base)
+        lines.append(
+            f"| {name} | {statistics.median(values):.1f} | {ratio:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def targets(samples: dict[str, list[float]]) -> list[tuple[bool, str]]:
     verdicts = []
     for name, base, limit in TARGETS:
@@ -484,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bursts = time_threaded(variants, settings)
     threaded = threaded_table(bursts, settings)
     check_no_rebuild(built)
+    handles = time_handles(settings)
     verdicts = targets(samples)
 
     report = "\n\n".join(
@@ -493,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             single,
             "## Threads: throughput",
             threaded,
+            "## Handles: one attribute access",
+            handles,
             "## Targets",
             "\n".join(f"- {line}" for _, line in verdicts),
         ]

@@ -13,6 +13,21 @@ if TYPE_CHECKING:
 else:
     _Base = wrapt.ObjectProxy
 
+_get = object.__getattribute__
+
+# The proxy's own attributes; every other name is looked up on the client.
+_OWN = frozenset(
+    (
+        "_self_last",
+        "_self_single",
+        "__reduce__",
+        "__reduce_ex__",
+        "__repr__",
+        "__wrapped_factory__",
+        "__wrapped_get__",
+    )
+)
+
 
 class ClientProxy(_Base):
     """Resolves to the singleton's live client on every attribute access.
@@ -28,6 +43,7 @@ class ClientProxy(_Base):
         """Follow *single*; nothing is built until the proxy is used."""
         super().__init__(None)
         self._self_single = single
+        self._self_last: object = None
 
     def __wrapped_get__(self) -> object:
         # wrapt calls this while __wrapped__ is unset, i.e. on first use.
@@ -36,14 +52,17 @@ class ClientProxy(_Base):
     def __wrapped_factory__(self) -> None:
         """Mark the proxy as lazy (wrapt then calls __wrapped_get__)."""
 
-    def __getattr__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
+    def __getattribute__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
         """Look *name* up on the live client, rebuilding first if needed."""
-        if name.startswith("_self_"):
-            raise AttributeError(name)
-        client = self._self_single()
-        if self.__wrapped__ is not client:
-            # Keeps isinstance(), repr() and operators on the live client.
+        if name in _OWN:
+            return _get(self, name)
+        client = _get(self, "_self_single")()
+        if client is not _get(self, "_self_last"):
+            # Rare: keeps isinstance(), operators and __wrapped__ current.
+            self._self_last = client
             self.__wrapped__ = client
+        if name == "__wrapped__":
+            return client
         return getattr(client, name)
 
     def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
