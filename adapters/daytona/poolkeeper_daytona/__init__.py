@@ -1,25 +1,33 @@
 """poolkeeper-daytona: one ``daytona.Daytona`` per process, closed properly.
 
+Names are imported on first use, so ``import poolkeeper_daytona`` (and the
+``poolkeeper-daytona`` command's start, where Ctrl-C must already be
+handled) does not pay for importing the SDK.
+
 .. versionadded:: 0.1.0
 """
 
 from __future__ import annotations
 
-from poolkeeper_daytona._async_client import (
-    aclose_daytona,
-    async_daytona_client,
-)
-from poolkeeper_daytona._client import (
-    DEFAULT_API_KEY_FILE,
-    DaytonaCredentialsError,
-    daytona_client,
-    make_daytona_singleton,
-)
-from poolkeeper_daytona._close import close_daytona
-from poolkeeper_daytona._guard import (
-    TESTED_SDK_VERSIONS,
-    DaytonaInternalsWarning,
-)
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from poolkeeper_daytona._async_client import (
+        aclose_daytona,
+        async_daytona_client,
+    )
+    from poolkeeper_daytona._client import (
+        DEFAULT_API_KEY_FILE,
+        DaytonaCredentialsError,
+        daytona_client,
+        make_daytona_singleton,
+    )
+    from poolkeeper_daytona._close import close_daytona
+    from poolkeeper_daytona._guard import (
+        TESTED_SDK_VERSIONS,
+        DaytonaInternalsWarning,
+    )
 
 __all__ = [
     "DEFAULT_API_KEY_FILE",
@@ -34,3 +42,29 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    "DEFAULT_API_KEY_FILE": "_client",
+    "TESTED_SDK_VERSIONS": "_guard",
+    "DaytonaCredentialsError": "_client",
+    "DaytonaInternalsWarning": "_guard",
+    "aclose_daytona": "_async_client",
+    "async_daytona_client": "_async_client",
+    "close_daytona": "_close",
+    "daytona_client": "_client",
+    "make_daytona_singleton": "_client",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
 from poolkeeper_daytona._chart import write_png, write_svg
-from poolkeeper_daytona._demo import run_demo
 from poolkeeper_daytona._report import Progress, format_table, format_verdict
 from poolkeeper_daytona._results import FD_TOLERANCE, DemoSettings
 
@@ -156,6 +155,10 @@ def _demo(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with _sigint_stops(stop):
         try:
+            # Imported under the handler: loading the SDK takes seconds,
+            # and a Ctrl-C meanwhile must stop cleanly too.
+            from poolkeeper_daytona._demo import run_demo  # noqa: PLC0415
+
             report = run_demo(settings, stop, progress, sys.stdout)
         except KeyboardInterrupt:
             _echo("Interrupted (forced).", stream=sys.stderr)
