@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
 
-.PHONY: demo quickstart demo-smoke test venv lint typecheck unit bench docs clean
+.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit bench docs clean
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -51,10 +51,21 @@ unit: venv
 docs: venv
 	$(BIN)/sphinx-build -q -W --keep-going -n -b html docs docs/_build/html
 
-test: lint typecheck docs unit demo-smoke
+# The core alone, as a user without any SDK gets it: no daytona, no Ray.
+CORE := .venv-core
+core-only:
+	test -x $(CORE)/bin/uv || ($(PYTHON) -m venv $(CORE) && \
+		$(CORE)/bin/python -m pip install --quiet --upgrade pip uv)
+	$(CORE)/bin/uv pip install --python $(CORE)/bin/python --quiet \
+		--reinstall-package poolkeeper ".[test]"
+	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
+	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
+		-p no:cacheprovider --ignore=processes/test_ray.py
+
+test: lint typecheck docs unit core-only demo-smoke
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache .hypothesis
