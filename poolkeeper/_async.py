@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -35,6 +36,13 @@ else:
 T = TypeVar("T")
 
 log = logging.getLogger("poolkeeper")
+
+# Distinct classes before Python 3.11, aliases of TimeoutError since.
+_TIMEOUTS = (
+    TimeoutError,
+    asyncio.TimeoutError,
+    concurrent.futures.TimeoutError,
+)
 
 # How long a close may take on another thread's loop before shutdown gives
 # up on it and says so.
@@ -410,7 +418,7 @@ class AsyncProcessSingleton(_Base, Generic[T]):
             future = asyncio.run_coroutine_threadsafe(self._aclose(live), loop)
             try:
                 future.result(CROSS_LOOP_CLOSE_SECONDS)
-            except TimeoutError:
+            except _TIMEOUTS:
                 self._unclosed(live, "its close did not finish in time")
             return
         if not loop.is_closed() and not loop.is_running():
@@ -433,7 +441,7 @@ class AsyncProcessSingleton(_Base, Generic[T]):
                 await asyncio.wait_for(
                     asyncio.wrap_future(future), CROSS_LOOP_CLOSE_SECONDS
                 )
-            except TimeoutError:
+            except _TIMEOUTS:
                 self._unclosed(live, "its close did not finish in time")
         else:
             self._unclosed(live, "its event loop is not running")

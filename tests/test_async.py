@@ -253,6 +253,48 @@ class TestLoops:
         assert ["sync"] == closed
 
 
+class TestCrossLoopShutdown:
+    def test_aclose_all_closes_on_a_loop_running_elsewhere(self):
+        """aclose_all() on one loop closes another thread's client there."""
+        single, _ = make()
+        ready = threading.Event()
+        box: dict[str, object] = {}
+
+        def serve():
+            async def main():
+                stop = asyncio.Event()
+                box["stop"] = stop
+                box["client"] = await single()
+                box["loop"] = asyncio.get_running_loop()
+                ready.set()
+                await asyncio.wait_for(stop.wait(), WAIT)
+
+            asyncio.run(main())
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        assert ready.wait(WAIT)
+        try:
+            asyncio.run(aclose_all())
+        finally:
+            box["loop"].call_soon_threadsafe(box["stop"].set)
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        assert [box["loop"]] == box["client"].closed_on
+
+    def test_aclose_all_warns_about_a_stopped_loop(self):
+        """A client whose loop is not running is reported, not awaited."""
+        single, _ = make()
+        client = asyncio.run(single())
+
+        async def shutdown():
+            with pytest.warns(UnclosedClientWarning, match="not running"):
+                await aclose_all()
+
+        asyncio.run(shutdown())
+        assert [] == client.closed_on
+
+
 class TestLeaseOverrideReset:
     def test_lease_defers_close(self):
         """A client leased across a reset closes when the lease exits."""

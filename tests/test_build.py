@@ -159,6 +159,35 @@ class TestFailedBuild:
         assert old.closed
 
 
+class TestBuildsForDifferentKeys:
+    def test_caller_with_a_new_key_waits_then_builds_its_own(self):
+        """A caller whose key changed mid-build waits, then builds once."""
+        gate = threading.Event()
+        factory = Factory(gate=gate)
+        key = ["k1"]
+        single = process_singleton(key=lambda: key[0])(factory)
+        first: list[FakeClient] = []
+        builder = threading.Thread(target=lambda: first.append(single()))
+        builder.start()
+        assert factory.entered.wait(WAIT)
+        key[0] = "k2"
+        second: list[FakeClient] = []
+        waiter = threading.Thread(target=lambda: second.append(single()))
+        waiter.start()
+        assert blocked_in("_acquire", 1)
+        assert 1 == factory.calls
+        factory.gate = None
+        gate.set()
+        for thread in (builder, waiter):
+            thread.join(WAIT)
+            assert not thread.is_alive()
+
+        assert 2 == factory.calls
+        assert first[0] is not second[0]
+        assert first[0].closed
+        assert second[0] is single()
+
+
 class TestReentrancy:
     def test_factory_calling_its_own_singleton_raises(self):
         """A factory that calls its own singleton gets a clear error."""

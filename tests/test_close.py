@@ -262,6 +262,7 @@ class TestOverride:
             assert fake is single.current()
             assert single.statistics().is_overridden
             single.reset()
+            assert fake is single()
         assert not fake.closed
         assert live.closed
         assert single() is not live
