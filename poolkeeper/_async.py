@@ -17,7 +17,13 @@ import wrapt
 
 from poolkeeper import _registry
 from poolkeeper._fingerprint import fingerprint
-from poolkeeper._live import MAX_ROUNDS, Live, abandoned, evaluate_key
+from poolkeeper._live import (
+    MAX_ROUNDS,
+    Identity,
+    Live,
+    abandoned,
+    evaluate_key,
+)
 from poolkeeper._retire import log_close_failure, report_fork_errors
 from poolkeeper._stats import Statistics
 from poolkeeper.exceptions import (
@@ -74,7 +80,7 @@ class _AsyncBuild(Generic[T]):
 
 
 @final
-class AsyncProcessSingleton(_Base, Generic[T]):
+class AsyncProcessSingleton(Identity, _Base, Generic[T]):
     """An ``async def`` factory turned into a per-process, per-loop singleton.
 
     Made by :func:`~poolkeeper.process_singleton` on an ``async def``
@@ -486,18 +492,6 @@ class AsyncProcessSingleton(_Base, Generic[T]):
             f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
             f"({len(self._self_slots)} loops, pid {self._self_pid})>"
         )
-
-    def __hash__(self) -> int:
-        """Hash by identity."""
-        return object.__hash__(self)
-
-    def __eq__(self, other: object) -> bool:
-        """Compare by identity."""
-        return self is other
-
-    def __reduce_ex__(self, protocol: object) -> str:
-        """Pickle by reference: each process unpickles its own singleton."""
-        return self._self_name
 
 
 async def aclose_all() -> None:

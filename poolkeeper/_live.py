@@ -46,6 +46,29 @@ class Live(Generic[T]):
         self.state = "live"
 
 
+class Identity:
+    """Identity semantics for a singleton built on a wrapt proxy.
+
+    wrapt forwards hashing, equality and pickling to the wrapped factory;
+    identity is what a singleton means (the registry's WeakSet relies on
+    it), and a pickle names the singleton so each process unpickles its own.
+    """
+
+    _self_name: str
+
+    def __hash__(self) -> int:
+        """Hash by identity."""
+        return object.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        """Compare by identity."""
+        return self is other
+
+    def __reduce_ex__(self, protocol: object) -> str:
+        """Pickle by reference: each process unpickles its own singleton."""
+        return self._self_name
+
+
 def evaluate_key(
     key: Callable[[], object] | None, name: str
 ) -> tuple[int, object]:

@@ -9,13 +9,19 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
+from typing import TYPE_CHECKING, Generic, TypeVar, cast, final
 
 import wrapt
 
 from poolkeeper import _environ, _registry
 from poolkeeper._fingerprint import fingerprint
-from poolkeeper._live import MAX_ROUNDS, Live, abandoned, evaluate_key
+from poolkeeper._live import (
+    MAX_ROUNDS,
+    Identity,
+    Live,
+    abandoned,
+    evaluate_key,
+)
 from poolkeeper._proxy import ClientProxy
 from poolkeeper._retire import close_client, report_fork_errors
 from poolkeeper._stats import Statistics
@@ -51,7 +57,7 @@ class _Build(Generic[T]):
 
 
 @final
-class ProcessSingleton(_Proxy, Generic[T]):
+class ProcessSingleton(Identity, _Proxy, Generic[T]):
     """A factory turned into a process-wide singleton.
 
     Made by :func:`~poolkeeper.process_singleton`; never instantiated
@@ -517,20 +523,6 @@ class ProcessSingleton(_Proxy, Generic[T]):
             f"<poolkeeper.ProcessSingleton {self._self_name} "
             f"({state}, pid {self._self_pid})>"
         )
-
-    # wrapt forwards hashing and equality to the wrapped factory; identity
-    # is what a singleton means, and the registry's WeakSet relies on it.
-    def __hash__(self) -> int:
-        """Hash by identity."""
-        return object.__hash__(self)
-
-    def __eq__(self, other: object) -> bool:
-        """Compare by identity."""
-        return self is other
-
-    def __reduce_ex__(self, protocol: Any) -> str:  # noqa: ANN401
-        """Pickle by reference: each process unpickles its own singleton."""
-        return self._self_name
 
 
 def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
