@@ -21,7 +21,7 @@ from poolkeeper._live import (
     MAX_ROUNDS,
     Identity,
     Live,
-    abandoned,
+    abandon,
     evaluate_key,
 )
 from poolkeeper._retire import log_close_failure, report_fork_errors
@@ -474,14 +474,7 @@ class AsyncProcessSingleton(Identity, _Base, Generic[T]):
             if live is not None
         ]
         self._forget_all()
-        for live in inherited:
-            live.state = "abandoned"
-            abandoned.append(live.client)
-            if self._self_after_fork is not None:
-                try:
-                    self._self_after_fork(live.client)
-                except Exception as exc:  # noqa: BLE001 -- logged on first use.
-                    self._self_fork_errors.append(exc)
+        abandon(inherited, self._self_after_fork, self._self_fork_errors)
 
     def _invalidate(self) -> None:
         """Nothing to switch: the async hit path always checks its key."""

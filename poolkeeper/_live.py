@@ -46,6 +46,27 @@ class Live(Generic[T]):
         self.state = "live"
 
 
+def abandon(
+    inherited: list[Live[T]],
+    after_fork: Callable[[T], object] | None,
+    errors: list[Exception],
+) -> None:
+    """Abandon a forked child's inherited clients: never close them.
+
+    They stay referenced (no finalizer runs on the parent's sockets), and
+    *after_fork* runs on each. Called from the at-fork hook, so failures
+    are kept in *errors* for the first call in the child to log.
+    """
+    for live in inherited:
+        live.state = "abandoned"
+        abandoned.append(live.client)
+        if after_fork is not None:
+            try:
+                after_fork(live.client)
+            except Exception as exc:  # noqa: BLE001 -- logged on first use.
+                errors.append(exc)
+
+
 class Identity:
     """Identity semantics for a singleton built on a wrapt proxy.
 

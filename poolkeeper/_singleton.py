@@ -19,7 +19,7 @@ from poolkeeper._live import (
     MAX_ROUNDS,
     Identity,
     Live,
-    abandoned,
+    abandon,
     evaluate_key,
 )
 from poolkeeper._proxy import ClientProxy
@@ -495,16 +495,11 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         self._self_live = None
         self._self_retired = []
         self._reset_counters()
-        for live in inherited:
-            if live is None:
-                continue
-            live.state = "abandoned"
-            abandoned.append(live.client)
-            if self._self_after_fork is not None:
-                try:
-                    self._self_after_fork(live.client)
-                except Exception as exc:  # noqa: BLE001 -- logged on first use.
-                    self._self_fork_errors.append(exc)
+        abandon(
+            [live for live in inherited if live is not None],
+            self._self_after_fork,
+            self._self_fork_errors,
+        )
 
     def _report_fork_errors(self) -> None:
         report_fork_errors(self._self_name, self._self_fork_errors)
