@@ -1,10 +1,10 @@
 """poolkeeper: one SDK client per process, built once, rebuilt safely."""
 
 from poolkeeper import keys
-from poolkeeper._async import AsyncProcessSingleton, aclose_all
+from poolkeeper._async import AsyncProcessSingleton
 from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
-from poolkeeper._registry import close_all
+from poolkeeper._registry import aclose_all, close_all
 from poolkeeper._singleton import ProcessSingleton
 from poolkeeper._stats import Statistics
 from poolkeeper._watch import unwatch, watch

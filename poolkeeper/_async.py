@@ -1,39 +1,47 @@
-"""AsyncProcessSingleton: one client per process *and* event loop."""
+"""AsyncProcessSingleton: the event-loop driver of the lifecycle.
+
+One client per process *and* event loop: async clients bind to the loop
+they were built on, so each loop has a slot of its own in the lifecycle,
+and a retired client is closed on its own loop, never on another one.
+
+When a loop ends the way ``asyncio.run()`` and ``asyncio.Runner`` end it,
+its clients are closed on it before it closes: each slot registers an
+async generator with its loop, and the loop's ``shutdown_asyncgens()``
+closes that generator, whose ``finally`` closes the slot. A loop closed
+without that shutdown cannot run anything any more: its clients are
+dropped with an :class:`~poolkeeper.UnclosedClientWarning`, and the slot
+lets go of the loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
-import inspect
-import logging
-import os
-import threading
-import warnings
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
 from poolkeeper import _registry
-from poolkeeper._fingerprint import fingerprint
-from poolkeeper._live import (
-    MAX_ROUNDS,
+from poolkeeper._close import _LOOP_HINT, Closer, arun_each
+from poolkeeper._identity import (
     Identity,
-    Live,
-    abandon,
     evaluate_key,
+    key_fingerprint,
+    no_arguments,
+    report_fork_errors,
+    too_many_rounds,
 )
-from poolkeeper._retire import log_close_failure, report_fork_errors
-from poolkeeper._stats import Statistics
-from poolkeeper.exceptions import (
-    PoolkeeperError,
-    ReentrantBuildError,
-    UnclosedClientWarning,
-)
+from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._waits import building, waiting
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
+    from collections.abc import AsyncGenerator, Callable, Coroutine
+
+    from poolkeeper._lifecycle import Record, Slot, Ticket
+    from poolkeeper._stats import Statistics
 
     _Base = wrapt.ObjectProxy[Any]
 else:
@@ -41,70 +49,27 @@ else:
 
 T = TypeVar("T")
 
-log = logging.getLogger("poolkeeper")
-
-# Distinct classes before Python 3.11, aliases of TimeoutError since.
-_TIMEOUTS = (
-    TimeoutError,
-    asyncio.TimeoutError,
-    concurrent.futures.TimeoutError,
-)
-
-# How long a close may take on another thread's loop before shutdown gives
-# up on it and says so.
-CROSS_LOOP_CLOSE_SECONDS = 30.0
-
-
-class _Slot(Generic[T]):
-    """One event loop's share of an async singleton."""
-
-    __slots__ = ("build", "built_at", "live", "loop", "retired")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.built_at = float("-inf")
-        self.live: Live[T] | None = None
-        self.build: _AsyncBuild[T] | None = None
-        self.retired: list[Live[T]] = []
-
-
-class _AsyncBuild(Generic[T]):
-    __slots__ = ("done", "key_hash", "task")
-
-    def __init__(
-        self, key_hash: int, done: asyncio.Future[Live[T] | None]
-    ) -> None:
-        self.key_hash = key_hash
-        self.done = done
-        self.task = asyncio.current_task()
+_NOTHING: Any = object()
 
 
 @final
-class AsyncProcessSingleton(Identity, _Base, Generic[T]):
+class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     """An ``async def`` factory turned into a per-process, per-loop singleton.
 
     Made by :func:`~poolkeeper.process_singleton` on an ``async def``
     factory. ``await single()`` returns the client of the running event
     loop: async clients bind to the loop they were built on. Retired
-    clients are closed on their own loop, never on another one.
+    clients are closed on their own loop, never on another one, and a
+    loop's clients are closed on it when ``asyncio.run()`` (or
+    ``asyncio.Runner``) ends it.
 
     .. versionadded:: 0.1
     """
 
     _self_name: str
     _self_key: Callable[[], object] | None
-    _self_close: Callable[[T], object] | None
-    _self_after_fork: Callable[[T], object] | None
-    _self_fork_mode: str
-    _self_min_interval: float
-    _self_lock: threading.Lock
-    # Loops are held strongly: a loop that ends with live clients is
-    # reported by close_all(), never silently forgotten.
-    _self_slots: dict[asyncio.AbstractEventLoop, _Slot[T]]
-    _self_overrides: tuple[T, ...]
-    _self_counts: dict[str, int]
-    _self_pid: int
-    _self_fork_errors: list[Exception]
+    _self_life: Lifecycle[T]
+    _self_closer: Closer
 
     def __init__(  # noqa: PLR0913 -- mirrors the keyword-only options.
         self,
@@ -118,161 +83,169 @@ class AsyncProcessSingleton(Identity, _Base, Generic[T]):
     ) -> None:
         """Wrap *factory*; use :func:`~poolkeeper.process_singleton`."""
         super().__init__(factory)
-        self._self_name = getattr(factory, "__qualname__", repr(factory))
+        name = getattr(factory, "__qualname__", repr(factory))
+        self._self_name = name
         self._self_key = key
-        self._self_close = close
-        self._self_after_fork = after_fork
-        self._self_fork_mode = fork
-        self._self_min_interval = min_rebuild_interval
-        self._self_overrides = ()
-        self._self_fork_errors = []
-        self._forget_all()
-        _registry.register(self)
-
-    def _forget_all(self) -> None:
-        self._self_lock = threading.Lock()
-        self._self_slots = {}
-        self._self_pid = os.getpid()
-        self._self_counts = dict.fromkeys(
-            (
-                "builds",
-                "build_failures",
-                "closes",
-                "close_failures",
-                "resets_refused",
-            ),
-            0,
+        life: Lifecycle[T] = Lifecycle(
+            name, pushed=False, min_interval=min_rebuild_interval
         )
+        self._self_life = life
+        self._self_closer = Closer(life, close, is_async=True)
+        entry = _registry.Entry(
+            life,
+            self._self_closer,
+            after_fork,
+            keep=fork == "keep",
+            prune=functools.partial(_prune, life),
+        )
+        _registry.register(self, entry)
 
-    def _slot(self) -> _Slot[T]:
-        loop = asyncio.get_running_loop()
-        slot = self._self_slots.get(loop)
-        if slot is None:
-            # Loops of other threads touch the dict too.
-            with self._self_lock:
-                slot = self._self_slots.setdefault(loop, _Slot(loop))
-        return slot
-
-    async def __call__(self) -> T:
+    def __call__(
+        self, *args: object, **kwargs: object
+    ) -> Coroutine[Any, Any, T]:
         """Return the running loop's live client, building it if needed.
 
         Tasks that await first wait for one build and all receive the same
-        object; a failed build raises its error in every one of them and
-        caches nothing.
+        object; a failed build raises its error in every task waiting for
+        that key and caches nothing.
 
         Raises:
-            ReentrantBuildError: If the factory awaits its own singleton.
+            TypeError: If called with arguments (raised at the call).
+            ReentrantBuildError: If the build would wait for itself: the
+                factory awaits its own singleton (also through tasks it
+                starts), or factories of two tasks need each other.
         """
-        overrides = self._self_overrides
+        if args or kwargs:
+            raise TypeError(no_arguments(self._self_name, args, kwargs))
+        return self._get()
+
+    async def _get(self) -> T:
+        overrides = self._self_life.overrides
         if overrides:
-            return overrides[-1]
-        if self._self_fork_errors:
-            report_fork_errors(self._self_name, self._self_fork_errors)
+            return cast("T", overrides[-1][1])
+        return (await self._acquire()).client
+
+    # -- slots --------------------------------------------------------------
+
+    def _slot(self) -> Slot:
+        loop = asyncio.get_running_loop()
+        life = self._self_life
+        slot = life.slots.get(id(loop))
+        if slot is not None and slot.loop is not None and slot.loop() is loop:
+            return slot
+        slot, stale = life.open_slot(id(loop), weakref.ref(loop))
+        lost: list[Record[T]] = []
+        if stale is not None:
+            _drop(life, stale, lost)
+        _prune(life, lost)
+        for record in lost:
+            self._self_closer.unclosed(
+                record, "its event loop was closed first", _LOOP_HINT
+            )
+        if slot.hook is None:
+            _hook(life, self._self_closer, slot)
+        return slot
+
+    # -- calls --------------------------------------------------------------
+
+    async def _acquire(self) -> Record[T]:
+        life = self._self_life
+        if life.fork_errors:
+            report_fork_errors(self._self_name, life.fork_errors)
         slot = self._slot()
-        key_hash, key_value = evaluate_key(self._self_key, self._self_name)
-        live = slot.live
-        if live is not None and live.key_hash == key_hash:
-            return live.client
-        return (await self._acquire(slot, key_hash, key_value)).client
-
-    async def _acquire(
-        self, slot: _Slot[T], key_hash: int, key_value: object
-    ) -> Live[T]:
-        # Everything here runs on one loop's thread: no lock is needed.
+        built: Ticket | None = None
         for _ in range(MAX_ROUNDS):
+            if built is None:
+                key_hash, key = evaluate_key(self._self_key, self._self_name)
+            else:
+                # The builder is served what it built, if still live.
+                key_hash, key, built = built.key_hash, built.key.value, None
             live = slot.live
-            if live is not None and live.key_hash == key_hash:
+            # No lock: this slot's clients are only ever closed on this
+            # loop, so none can start closing while this code runs.
+            if live is not None and live.matches(key_hash, key):
                 return live
-            build = slot.build
-            if build is None:
-                build = slot.build = _AsyncBuild(
-                    key_hash, slot.loop.create_future()
-                )
-                return await self._run_build(slot, build, key_value)
-            if build.task is asyncio.current_task():
-                raise ReentrantBuildError(self._self_name)
-            # A cancelled waiter must not cancel the build it waits for.
-            result = await asyncio.shield(build.done)
-            if result is not None and build.key_hash == key_hash:
-                return result
-        msg = (
-            f"The key of {self._self_name} changed during each of "
-            f"{MAX_ROUNDS} builds; make the key function return a value "
-            "that only changes with the configuration."
-        )
-        raise PoolkeeperError(msg)
+            if slot.dropped:
+                slot = self._slot()
+                continue
+            owner = asyncio.current_task()
+            loop = asyncio.get_running_loop()
+            step = life.request(
+                slot, key_hash, key, life.epoch, owner, loop.create_future
+            )
+            if isinstance(step, Serve):
+                return step.record
+            if isinstance(step, Build):
+                await self._build(step.ticket, loop)
+                built = step.ticket if step.ticket.record else None
+                continue
+            ticket = step.ticket
+            with waiting(owner, ticket):
+                # Shielded: a cancelled waiter must not cancel the build.
+                await asyncio.shield(ticket.done)
+            if ticket.error is not None and ticket.matches(key_hash, key):
+                raise ticket.error
+        raise too_many_rounds(self._self_name, "build")
 
-    async def _run_build(
-        self, slot: _Slot[T], build: _AsyncBuild[T], key_value: object
-    ) -> Live[T]:
+    async def _build(
+        self, ticket: Ticket, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        # As in the sync driver: every outcome settles the ticket, wakes its
+        # waiters and makes a built client live or closes it. A cancelled
+        # builder is no failure: its waiters retry, one of them building.
+        life = self._self_life
+        client: object = _NOTHING
+        doomed: list[Record[T]] = []
         try:
-            client = await self.__wrapped__()
-        except asyncio.CancelledError:
-            # The builder was cancelled, not the build's waiters: wake them
-            # to retry, one of them becoming the builder.
-            slot.build = None
-            build.done.set_result(None)
-            raise
-        except BaseException as exc:
-            slot.build = None
-            self._self_counts["build_failures"] += 1
-            build.done.set_exception(exc)
-            build.done.exception()  # Retrieved: waiters may be none.
-            raise
-        self._self_counts["builds"] += 1
-        fp = None if self._self_key is None else fingerprint(key_value)
-        new = Live(client, build.key_hash, fp, self._self_counts["builds"])
-        old, slot.live, slot.build = slot.live, new, None
-        slot.built_at = slot.loop.time()
-        build.done.set_result(new)
-        log.debug(
-            "Built %s (generation %d, key %s) on loop %#x.",
-            self._self_name,
-            new.generation,
-            fp,
-            id(slot.loop),
-            extra={"poolkeeper_factory": self._self_name},
+            try:
+                fp = key_fingerprint(
+                    self._self_key is not None, ticket.key.value
+                )
+                with building(ticket):
+                    client = await self.__wrapped__()
+                life.built(ticket, cast("T", client), fp, loop.time(), doomed)
+            except asyncio.CancelledError:
+                if client is _NOTHING:
+                    life.failed(ticket, None)
+                raise
+            except BaseException as exc:
+                if client is _NOTHING:
+                    life.failed(ticket, exc)
+                raise
+            finally:
+                if not ticket.finished:
+                    self._settle(ticket, client, loop, doomed)
+        finally:
+            try:
+                if not ticket.done.done():
+                    ticket.done.set_result(None)
+            finally:
+                await self._close(doomed)
+
+    def _settle(
+        self,
+        ticket: Ticket,
+        client: object,
+        loop: asyncio.AbstractEventLoop,
+        doomed: list[Record[T]],
+    ) -> None:
+        life = self._self_life
+        if client is _NOTHING:
+            error = sys.exc_info()[1]
+            cancelled = isinstance(error, asyncio.CancelledError)
+            life.failed(ticket, None if cancelled else error)
+        else:
+            fp = key_fingerprint(self._self_key is not None, ticket.key.value)
+            life.built(ticket, cast("T", client), fp, loop.time(), doomed)
+
+    async def _close(self, doomed: list[Record[T]]) -> None:
+        # Shielded: a caller cancelled mid-close must not leak the client.
+        closer = self._self_closer
+        await arun_each(
+            functools.partial(asyncio.shield, closer.aclose(r)) for r in doomed
         )
-        if old is not None:
-            await self._retire(slot, old)
-        return new
 
     # -- retirement ---------------------------------------------------------
-
-    def _retire_now(self, slot: _Slot[T], live: Live[T]) -> bool:
-        """Mark *live* retired; return whether it must be closed now."""
-        if live.leases:
-            live.state = "retired"
-            slot.retired.append(live)
-            return False
-        live.state = "closed"
-        return True
-
-    async def _retire(self, slot: _Slot[T], live: Live[T]) -> None:
-        if self._retire_now(slot, live):
-            # Shielded: a caller cancelled mid-close must not leak it.
-            await asyncio.shield(self._aclose(live))
-
-    async def _aclose(self, live: Live[T]) -> None:
-        client = live.client
-        hook: object = (
-            functools.partial(self._self_close, client)
-            if self._self_close is not None
-            else getattr(client, "aclose", None)
-            or getattr(client, "close", None)
-        )
-        if not callable(hook):
-            log.debug("Retired %s client has no close().", self._self_name)
-            return
-        try:
-            result: object = hook()
-            if inspect.isawaitable(result):
-                await result
-        except Exception as exc:  # noqa: BLE001 -- logged, counted, not raised.
-            self._self_counts["close_failures"] += 1
-            log_close_failure(self._self_name, live.generation, exc)
-        else:
-            self._self_counts["closes"] += 1
 
     async def reset(self) -> bool:
         """Retire the running loop's live client; the next await rebuilds.
@@ -284,59 +257,43 @@ class AsyncProcessSingleton(Identity, _Base, Generic[T]):
             Whether a client was retired.
         """
         slot = self._slot()
-        live = slot.live
-        if live is None:
-            return False
-        if slot.loop.time() - slot.built_at < self._self_min_interval:
-            self._self_counts["resets_refused"] += 1
-            return False
-        slot.live = None
-        await self._retire(slot, live)
-        return True
+        now = asyncio.get_running_loop().time()
+        doomed: list[Record[T]] = []
+        try:
+            return self._self_life.reset(slot, now, doomed)
+        finally:
+            await self._close(doomed)
 
     @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncGenerator[T]:
+    async def lease(self) -> AsyncGenerator[T, None]:
         """Pin the running loop's live client for an ``async with`` block.
 
         Yields:
             The live client; if it is retired meanwhile, its close waits
             until the last lease on it exits.
         """
-        slot = self._slot()
-        client = await self()
-        live = slot.live
-        if self._self_overrides or live is None or live.client is not client:
-            yield client
+        life = self._self_life
+        overrides = life.overrides
+        if overrides:
+            yield cast("T", overrides[-1][1])
             return
-        live.leases += 1
+        record: Record[T] | None = None
         try:
-            yield client
+            for _ in range(MAX_ROUNDS):
+                candidate = await self._acquire()
+                if life.lease(candidate.slot, candidate):
+                    record = candidate
+                    break
+            else:
+                raise too_many_rounds(self._self_name, "lease")
+            yield record.client
         finally:
-            live.leases -= 1
-            if not live.leases and live.state == "retired":
-                live.state = "closed"
-                slot.retired.remove(live)
-                await asyncio.shield(self._aclose(live))
-
-    @contextlib.contextmanager
-    def override(self, obj: T) -> Generator[T]:
-        """Make every ``await single()`` return *obj*, on every loop.
-
-        Args:
-            obj: What awaits return inside the block; never closed.
-
-        Yields:
-            *obj*.
-        """
-        self._self_overrides = (*self._self_overrides, obj)
-        try:
-            yield obj
-        finally:
-            stack = list(self._self_overrides)
-            stack.reverse()
-            stack.remove(obj)
-            stack.reverse()
-            self._self_overrides = tuple(stack)
+            if record is not None:
+                doomed: list[Record[T]] = []
+                try:
+                    life.unlease(record, doomed)
+                finally:
+                    await self._close(doomed)
 
     def current(self) -> T | None:
         """Return the running loop's live client without building one.
@@ -344,16 +301,22 @@ class AsyncProcessSingleton(Identity, _Base, Generic[T]):
         Returns:
             The client, or ``None`` (also when no loop is running).
         """
-        overrides = self._self_overrides
+        overrides = self._self_life.overrides
         if overrides:
-            return overrides[-1]
+            return cast("T", overrides[-1][1])
+        slot = self._running_slot()
+        live = None if slot is None else slot.live
+        return None if live is None else live.client
+
+    def _running_slot(self) -> Slot | None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return None
-        slot = self._self_slots.get(loop)
-        live = None if slot is None else slot.live
-        return None if live is None else live.client
+        slot = self._self_life.slots.get(id(loop))
+        if slot is None or slot.loop is None or slot.loop() is not loop:
+            return None
+        return slot
 
     def statistics(self) -> Statistics:
         """Return counters over all loops; live fields for the running one.
@@ -361,152 +324,67 @@ class AsyncProcessSingleton(Identity, _Base, Generic[T]):
         Returns:
             An immutable snapshot.
         """
-        slots = list(self._self_slots.values())
-        try:
-            slot = self._self_slots.get(asyncio.get_running_loop())
-        except RuntimeError:
-            slot = None
-        live = None if slot is None else slot.live
-        counts = self._self_counts
-        return Statistics(
-            builds=counts["builds"],
-            build_failures=counts["build_failures"],
-            closes=counts["closes"],
-            close_failures=counts["close_failures"],
-            generation=0 if live is None else live.generation,
-            key_fingerprint=None if live is None else live.fingerprint,
-            pid=self._self_pid,
-            leases=sum(
-                r.leases
-                for s in slots
-                for r in [*s.retired, *([s.live] if s.live else [])]
-            ),
-            pending_close=sum(len(s.retired) for s in slots),
-            resets_refused=counts["resets_refused"],
-            is_overridden=bool(self._self_overrides),
-        )
-
-    # -- shutdown and fork ---------------------------------------------------
-
-    def _take_all(self) -> list[tuple[_Slot[T], Live[T]]]:
-        with self._self_lock:
-            slots = list(self._self_slots.values())
-        taken: list[tuple[_Slot[T], Live[T]]] = []
-        for slot in slots:
-            live, slot.live = slot.live, None
-            if live is not None and self._retire_now(slot, live):
-                taken.append((slot, live))
-        return taken
-
-    def _detach(self) -> list[tuple[int, Callable[[], None]]]:
-        """For the synchronous close_all(): close on each client's loop."""
-        return [
-            (live.sequence, functools.partial(self._close_from_sync, s, live))
-            for s, live in self._take_all()
-        ]
-
-    def _adetach(
-        self,
-    ) -> list[tuple[int, Callable[[], Coroutine[Any, Any, None]]]]:
-        """For aclose_all(): close on each client's own loop."""
-        return [
-            (live.sequence, functools.partial(self._close_on_loop, s, live))
-            for s, live in self._take_all()
-        ]
-
-    def _close_from_sync(self, slot: _Slot[T], live: Live[T]) -> None:
-        loop = slot.loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop.is_running() and loop is not running:
-            future = asyncio.run_coroutine_threadsafe(self._aclose(live), loop)
-            try:
-                future.result(CROSS_LOOP_CLOSE_SECONDS)
-            except _TIMEOUTS:
-                self._unclosed(live, "its close did not finish in time")
-            return
-        if not loop.is_closed() and not loop.is_running():
-            loop.run_until_complete(self._aclose(live))
-            return
-        reason = (
-            "its event loop is closed"
-            if loop.is_closed()
-            else "close_all() was called on its own event loop"
-        )
-        self._unclosed(live, reason)
-
-    async def _close_on_loop(self, slot: _Slot[T], live: Live[T]) -> None:
-        loop = slot.loop
-        if loop is asyncio.get_running_loop():
-            await self._aclose(live)
-        elif loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(self._aclose(live), loop)
-            try:
-                await asyncio.wait_for(
-                    asyncio.wrap_future(future), CROSS_LOOP_CLOSE_SECONDS
-                )
-            except _TIMEOUTS:
-                self._unclosed(live, "its close did not finish in time")
-        else:
-            self._unclosed(live, "its event loop is not running")
-
-    def _unclosed(self, live: Live[T], reason: str) -> None:
-        self._self_counts["close_failures"] += 1
-        warnings.warn(
-            f"Could not close a retired {self._self_name} client "
-            f"(generation {live.generation}): {reason}; await "
-            "poolkeeper.aclose_all() on its loop before the loop ends.",
-            UnclosedClientWarning,
-            stacklevel=3,
-        )
-
-    def _forget_parent(self) -> None:
-        # At-fork hook, in the child: no lock, no logging, never raises.
-        if self._self_fork_mode == "keep":
-            self._self_lock = threading.Lock()
-            return
-        inherited = [
-            live
-            for slot in list(self._self_slots.values())
-            for live in [slot.live, *slot.retired]
-            if live is not None
-        ]
-        self._forget_all()
-        abandon(inherited, self._self_after_fork, self._self_fork_errors)
-
-    def _invalidate(self) -> None:
-        """Nothing to switch: the async hit path always checks its key."""
+        return self._self_life.statistics(self._running_slot())
 
     def __repr__(self) -> str:
         """Name the factory and the number of loops served."""
+        life = self._self_life
         return (
             f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
-            f"({len(self._self_slots)} loops, pid {self._self_pid})>"
+            f"({len(life.slots)} loops, pid {life.pid})>"
         )
 
 
-async def aclose_all() -> None:
-    """Close every live client of every singleton, async ones on their loop.
+def _hook(life: Lifecycle[Any], closer: Closer, slot: Slot) -> None:
+    """Register *slot*'s loop-end generator with the running loop.
 
-    The asynchronous counterpart of :func:`close_all`, for the end of an
-    ``asyncio`` program: async clients built on the running loop are
-    awaited closed here, those of loops running in other threads are closed
-    there; a client whose loop is gone is reported with an
-    :class:`~poolkeeper.UnclosedClientWarning`. Synchronous singletons are
-    closed too. Clients close in reverse build order.
-
-    .. versionadded:: 0.1
+    The loop's firstiter hook adds it to the generators its
+    ``shutdown_asyncgens()`` closes. No finalizer is installed for it: a
+    finalizer would hold the loop, and a dropped slot finishes its
+    generator itself.
     """
-    closers: list[tuple[int, Callable[[], object]]] = []
-    for member in _registry.members():
-        if isinstance(member, AsyncProcessSingleton):
-            closers.extend(member._adetach())
-        else:
-            closers.extend(member._detach())
-    closers.sort(key=lambda pair: pair[0], reverse=True)
-    for _, close in closers:
-        result = close()
-        if inspect.isawaitable(result):
-            await result
+    agen = _until_loop_ends(life, closer, slot)
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=None)
+    try:
+        agen.asend(None).send(None)
+    except StopIteration:
+        slot.hook = agen
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+
+
+async def _until_loop_ends(
+    life: Lifecycle[Any], closer: Closer, slot: Slot
+) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        # The loop is shutting down its async generators: close the slot's
+        # clients on it while it still runs. A slot dropped meanwhile has
+        # nothing left to close here.
+        if not slot.dropped:
+            doomed: list[Record[Any]] = []
+            life.close_slot(slot, doomed)
+            slot.hook = None
+            for record in sorted(doomed, key=lambda r: -r.sequence):
+                await closer.aclose(record)
+
+
+def _drop(life: Lifecycle[Any], slot: Slot, lost: list[Record[Any]]) -> None:
+    """Forget the slot of a loop that ended without closing it."""
+    doomed: list[Record[Any]] = []
+    life.close_slot(slot, doomed)
+    lost.extend(doomed)
+    agen, slot.hook = slot.hook, None
+    if agen is not None:
+        with contextlib.suppress(StopIteration, RuntimeError):
+            cast("Any", agen).aclose().send(None)
+
+
+def _prune(life: Lifecycle[Any], lost: list[Record[Any]]) -> None:
+    """Drop the slots of loops that were closed (or collected)."""
+    for slot in list(life.slots.values()):
+        loop = None if slot.loop is None else slot.loop()
+        if slot.loop is not None and (loop is None or loop.is_closed()):
+            _drop(life, slot, lost)

@@ -218,6 +218,13 @@ def _check_factory(factory: object) -> bool:
             "the client: use `async def` with `return`."
         )
         raise TypeError(msg)
+    if inspect.isgeneratorfunction(factory):
+        msg = (
+            f"{name} is a generator function; a singleton factory returns "
+            "the client: use `return`, not `yield`, and pass close= to "
+            "say how a retired client is closed."
+        )
+        raise TypeError(msg)
     is_async = inspect.iscoroutinefunction(factory)
     try:
         signature = inspect.signature(factory)

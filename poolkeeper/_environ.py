@@ -6,7 +6,9 @@ should, so an environment key is *pushed* instead of polled: the first
 ``__setitem__`` and ``__delitem__`` notify the singletons that watch the
 changed name. Everything that changes the mapping goes through those two
 methods (``update``, ``pop``, ``clear``, ``setdefault``, pytest's
-``monkeypatch``), so all of it is noticed.
+``monkeypatch``), so all of it is noticed. ``os.environb`` shares its data
+with ``os.environ`` on POSIX, so its class is swapped too and a change
+made through it notifies the watchers of the decoded name.
 
 Not noticed, by design: ``os.putenv``/``os.unsetenv`` and C code calling
 ``setenv`` (``os.environ`` does not see them either), edits of the private
@@ -26,39 +28,34 @@ if TYPE_CHECKING:
 
 
 class _Watcher(Protocol):
-    def _invalidate(self) -> None: ...
+    def invalidate(self) -> None: ...
 
 
 _watchers: dict[str, weakref.WeakSet[_Watcher]] = {}
-_version = 0
-
-
-def version() -> int:
-    """Return a number that changes whenever a watched variable changes."""
-    return _version
 
 
 def _changed(name: object) -> None:
-    global _version  # noqa: PLW0603 -- a counter read on the slow path.
-    _version += 1
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
     watchers = _watchers.get(name) if isinstance(name, str) else None
     if watchers:
         for watcher in list(watchers):
-            watcher._invalidate()
+            watcher.invalidate()
 
 
-def _install() -> bool:
-    environ = os.environ
+def _swap(environ: object) -> bool:
     base = type(environ)
     if getattr(base, "_poolkeeper_watched", False):
         return True
 
-    def __setitem__(self: os._Environ[str], key: str, value: str) -> None:  # noqa: N807
-        base.__setitem__(self, key, value)
+    # The notification runs after the store returns: once the assignment
+    # (or del) has returned, every watcher is disarmed and outdated.
+    def __setitem__(self: object, key: object, value: object) -> None:  # noqa: N807
+        base.__setitem__(self, key, value)  # type: ignore[index]
         _changed(key)
 
-    def __delitem__(self: os._Environ[str], key: str) -> None:  # noqa: N807
-        base.__delitem__(self, key)
+    def __delitem__(self: object, key: object) -> None:  # noqa: N807
+        base.__delitem__(self, key)  # type: ignore[attr-defined]
         _changed(key)
 
     watched = type(
@@ -79,8 +76,13 @@ def _install() -> bool:
     return True
 
 
+def _install() -> bool:
+    environb = getattr(os, "environb", None)  # POSIX only.
+    return _swap(os.environ) and (environb is None or _swap(environb))
+
+
 def watch(names: Iterable[str], watcher: _Watcher) -> bool:
-    """Call ``watcher._invalidate()`` whenever one of *names* changes.
+    """Call ``watcher.invalidate()`` whenever one of *names* changes.
 
     Returns:
         Whether changes can be pushed; if not, the caller must poll.

@@ -1,63 +1,175 @@
-"""Every singleton of the process: fork hook, shutdown and build order."""
+"""Every singleton of the process: shutdown, garbage collection and fork.
+
+The registry holds each singleton's lifecycle strongly and the singleton
+itself weakly. A singleton dropped while its client is live (a re-run
+notebook cell, a factory decorated inside a function) therefore does not
+strand the client: it is closed when the singleton is collected, and
+:func:`close_all` still reaches it before the collector runs.
+"""
 
 from __future__ import annotations
 
 import atexit
-import itertools
+import functools
 import os
+import threading
 import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any
+
+from poolkeeper import _waits
+from poolkeeper._close import arun_each, run_each
+from poolkeeper._lifecycle import ClientState
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-#: Orders builds across all singletons so close_all() can go in reverse.
-build_sequence = itertools.count(1)
+    from poolkeeper._close import Closer
+    from poolkeeper._lifecycle import Lifecycle, Record
 
 
-class _Member(Protocol):
-    def _forget_parent(self) -> None: ...
-    def _detach(self) -> list[tuple[int, Callable[[], None]]]: ...
+class Entry:
+    """What the registry keeps of one singleton (never the singleton)."""
+
+    __slots__ = ("after_fork", "closer", "keep", "life", "orphaned", "prune")
+
+    def __init__(
+        self,
+        life: Lifecycle[Any],
+        closer: Closer,
+        after_fork: Callable[[Any], object] | None,
+        *,
+        keep: bool,
+        prune: Callable[[list[Record[Any]]], None] | None = None,
+    ) -> None:
+        self.life = life
+        self.closer = closer
+        self.after_fork = after_fork
+        self.keep = keep
+        self.orphaned = False
+        # Async singletons: forgets the slots of loops that were closed
+        # without shutting down, putting their clients in its argument.
+        self.prune = prune
 
 
-_members: weakref.WeakSet[_Member] = weakref.WeakSet()
+_entries: set[Entry] = set()
+_lock = threading.Lock()
+
+# Clients a forked child inherited: kept referenced so that no finalizer
+# ever runs on them in the child, because their sockets are the parent's.
+abandoned: list[object] = []
 
 
-def members() -> list[_Member]:
-    """Return the singletons alive now."""
-    return list(_members)
+def register(owner: object, entry: Entry) -> None:
+    """Track *entry* until *owner* (its singleton) is collected."""
+    with _lock:
+        _entries.difference_update(
+            [e for e in _entries if e.orphaned and not _holds(e)]
+        )
+        _entries.add(entry)
+    finalizer = weakref.finalize(owner, _orphan, entry)
+    finalizer.atexit = False  # close_all() runs at exit instead.
 
 
-def register(member: _Member) -> None:
-    """Track *member* weakly for the fork hook and :func:`close_all`."""
-    _members.add(member)
+def _holds(entry: Entry) -> bool:
+    return any(
+        s.live is not None or s.retired for s in entry.life.slots.values()
+    )
+
+
+def _orphan(entry: Entry) -> None:
+    # The singleton was collected: nothing can call it again, so its live
+    # clients are retired and closed (leased ones when their lease ends).
+    entry.orphaned = True
+    _close([entry])
+
+
+def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
+    doomed: list[tuple[Record[Any], Closer]] = []
+    for entry in entries:
+        out: list[Record[Any]] = []
+        if entry.prune is not None:
+            entry.prune(out)
+            doomed.extend((record, entry.closer) for record in out)
+        entry.life.detach(out)
+        doomed.extend((record, entry.closer) for record in out)
+    doomed.sort(key=lambda pair: pair[0].sequence, reverse=True)
+    return doomed
+
+
+def _close(entries: list[Entry]) -> None:
+    run_each(
+        functools.partial(closer.close_anywhere, record)
+        for record, closer in _detach(entries)
+    )
 
 
 def close_all() -> None:
     """Retire and close the live client of every singleton.
 
     Clients are closed in reverse build order across all singletons, so a
-    client built from another one is closed first. Leased clients are
-    closed when their last lease exits. Afterwards every singleton builds
-    afresh on its next call. Registered with :mod:`atexit`; call it
-    yourself at the end of a worker's life. Close failures are logged and
-    counted, never raised.
+    client built from another one is closed first. Async clients are
+    closed on their own event loop. Leased clients are closed when their
+    last lease exits. Afterwards every singleton builds afresh on its next
+    call. Registered with :mod:`atexit`; call it yourself at the end of a
+    worker's life.
+
+    It never raises for a client: a failing close is logged at WARNING and
+    counted, and every other client is still closed. Only a
+    ``KeyboardInterrupt`` or ``SystemExit`` from a close hook propagates,
+    after all the other clients were closed.
 
     .. versionadded:: 0.1
     """
-    doomed: list[tuple[int, Callable[[], None]]] = []
-    for member in list(_members):
-        doomed.extend(member._detach())
-    doomed.sort(key=lambda pair: pair[0], reverse=True)
-    for _, close in doomed:
-        close()
+    with _lock:
+        entries = list(_entries)
+    _close(entries)
+
+
+async def aclose_all() -> None:
+    """Close every live client of every singleton, async ones on their loop.
+
+    The asynchronous counterpart of :func:`close_all`, for the end of an
+    ``asyncio`` program: async clients built on the running loop are
+    awaited closed here, those of loops running in other threads are closed
+    there; a client whose loop is gone is reported with an
+    :class:`~poolkeeper.UnclosedClientWarning`. Synchronous singletons are
+    closed too. Clients close in reverse build order. Like
+    :func:`close_all`, it never raises for a client.
+
+    .. versionadded:: 0.1
+    """
+    with _lock:
+        entries = list(_entries)
+    await arun_each(
+        functools.partial(closer.aclose_anywhere, record)
+        for record, closer in _detach(entries)
+    )
 
 
 def _after_fork_in_child() -> None:
     # Runs in the child with one thread: take no lock, log nothing, never
-    # raise. Each member swaps in fresh locks and drops the parent's client.
-    for member in list(_members):
-        member._forget_parent()
+    # raise, whatever a hook raises. Each singleton gets a fresh lock and
+    # abandons its parent's clients, never closing them.
+    global _lock  # noqa: PLW0603 -- the parent's may be held by a thread.
+    _lock = threading.Lock()
+    _waits.forget()
+    for entry in list(_entries):
+        try:
+            inherited = entry.life.forget_parent(keep=entry.keep)
+        except BaseException:  # noqa: BLE001, S112 -- never abort the others.
+            continue
+        for record in inherited:
+            _abandon(entry, record)
+
+
+def _abandon(entry: Entry, record: Record[Any]) -> None:
+    abandoned.append(record.client)
+    if entry.after_fork is None or record.state is not ClientState.ABANDONED:
+        return
+    try:
+        entry.after_fork(record.client)
+    except BaseException as exc:  # noqa: BLE001 -- logged on first use.
+        entry.life.fork_errors.append(exc)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,35 +1,38 @@
-"""ProcessSingleton: one client per process, and the lock-free hit path."""
+"""ProcessSingleton: the thread driver of the lifecycle, and the hit path."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
-import os
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Generic, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
 from poolkeeper import _environ, _registry
-from poolkeeper._fingerprint import fingerprint
-from poolkeeper._live import (
-    MAX_ROUNDS,
+from poolkeeper._close import Closer, run_each
+from poolkeeper._identity import (
     Identity,
-    Live,
-    abandon,
     evaluate_key,
+    key_fingerprint,
+    no_arguments,
+    report_fork_errors,
+    too_many_rounds,
 )
+from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
 from poolkeeper._proxy import ClientProxy
-from poolkeeper._retire import close_client, report_fork_errors
-from poolkeeper._stats import Statistics
-from poolkeeper.exceptions import PoolkeeperError, ReentrantBuildError
+from poolkeeper._waits import building, waiting
+from poolkeeper.exceptions import PoolkeeperError
 from poolkeeper.keys import EnvKey
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
+
+    from poolkeeper._lifecycle import Record, Slot, Ticket
+    from poolkeeper._stats import Statistics
 
     # wrapt ships no type information: type checkers see this plain class
     # and the generic signature below, the runtime gets wrapt's C proxy.
@@ -42,22 +45,15 @@ T = TypeVar("T")
 
 log = logging.getLogger("poolkeeper")
 
+# A waiter re-checks its build this often, so a build whose wake-up was
+# cut short by an exception cannot strand it.
+_POLL = 0.05
 
-class _Build(Generic[T]):
-    """A build in progress, which concurrent callers wait for."""
-
-    __slots__ = ("done", "error", "key_hash", "live", "thread")
-
-    def __init__(self, key_hash: int, thread: int) -> None:
-        self.key_hash = key_hash
-        self.thread = thread
-        self.done = threading.Event()
-        self.live: Live[T] | None = None
-        self.error: BaseException | None = None
+_NOTHING: Any = object()
 
 
 @final
-class ProcessSingleton(Identity, _Proxy, Generic[T]):
+class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     """A factory turned into a process-wide singleton.
 
     Made by :func:`~poolkeeper.process_singleton`; never instantiated
@@ -74,35 +70,18 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
     # wrapt keeps attributes named _self_* on the proxy itself.
     _self_name: str
     _self_key: Callable[[], object] | None
-    _self_close: Callable[[T], object] | None
-    _self_after_fork: Callable[[T], object] | None
-    _self_fork_mode: str
-    _self_min_interval: float
-    _self_lock: threading.RLock
-    _self_live: Live[T] | None
-    _self_build: _Build[T] | None
-    _self_retired: list[Live[T]]
-    # A tuple, replaced whole: readers without the lock see old or new.
-    _self_overrides: tuple[T, ...]
-    _self_fork_errors: list[Exception]
-    _self_built_at: float
-    _self_pushed: bool
-    _self_slow: Callable[..., T]
-    _self_pid: int
-    _self_builds: int
-    _self_build_failures: int
-    _self_closes: int
-    _self_close_failures: int
-    _self_resets_refused: int
+    _self_life: Lifecycle[T]
+    _self_slot: Slot
+    _self_closer: Closer
 
     # The hit path. Each singleton has its own subclass (see make), and
     # while a client is live and its key cannot have changed, that class's
-    # __call__ is ``itertools.repeat(client).__next__``: a C callable, so a
-    # hit runs no Python code and takes no lock. Anything that could make
-    # the live client wrong (a build, reset(), an environment change, a
-    # fork) puts the slow path back first.
+    # __call__ is a C callable returning the client (see _armed), so a hit
+    # runs no Python code and takes no lock. The lifecycle disarms it,
+    # under its lock, before anything replaces or retires that client, and
+    # the environment watcher and the fork hook disarm it too.
 
-    def __call__(self) -> T:
+    def __call__(self, *args: object, **kwargs: object) -> T:
         """Return the live client for the current key, building it if needed.
 
         Concurrent first callers wait for one build and all receive the
@@ -111,9 +90,17 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         again.
 
         Raises:
-            ReentrantBuildError: If the factory calls its own singleton.
+            TypeError: If called with arguments.
+            ReentrantBuildError: If the build would wait for itself: the
+                factory calls its own singleton, or factories on two
+                threads need each other.
         """
-        return self._call_slow()
+        if args or kwargs:
+            raise TypeError(no_arguments(self._self_name, args, kwargs))
+        overrides = self._self_life.overrides
+        if overrides:
+            return cast("T", overrides[-1][1])
+        return self._acquire().client
 
     def _setup(
         self,
@@ -125,194 +112,120 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         min_rebuild_interval: float,
     ) -> None:
         factory = self.__wrapped__
-        self._self_name = getattr(factory, "__qualname__", repr(factory))
+        name = getattr(factory, "__qualname__", repr(factory))
+        self._self_name = name
         self._self_key = key
-        self._self_close = close
-        self._self_after_fork = after_fork
-        self._self_fork_mode = fork
-        self._self_min_interval = min_rebuild_interval
-        self._self_lock = threading.RLock()
-        self._self_live = None
-        self._self_build = None
-        self._self_retired = []
-        self._self_overrides = ()
-        self._self_fork_errors = []
-        self._self_built_at = float("-inf")
-        self._reset_counters()
-        # None: no key. True: changes are pushed (environment). False: the
-        # key is polled on every call, so the Python hit path stays.
-        self._self_pushed = key is None or (
-            isinstance(key, EnvKey) and _environ.watch(key.names, self)
+        life: Lifecycle[T] = Lifecycle(
+            name,
+            pushed=key is None,
+            min_interval=min_rebuild_interval,
+            switch=functools.partial(_switch, type(self), name),
         )
-        self._self_slow = (
-            type(self)._call_slow
-            if self._self_pushed
-            else type(self)._call_polled
+        self._self_life = life
+        self._self_slot = life.open_slot(None, None)[0]
+        self._self_closer = Closer(life, close, is_async=False)
+        entry = _registry.Entry(
+            life, self._self_closer, after_fork, keep=fork == "keep"
         )
-        _set_call(self, self._self_slow)
-        _registry.register(self)
-
-    def _reset_counters(self) -> None:
-        self._self_pid = os.getpid()
-        self._self_builds = 0
-        self._self_build_failures = 0
-        self._self_closes = 0
-        self._self_close_failures = 0
-        self._self_resets_refused = 0
-
-    # -- the hit path switch ------------------------------------------------
-
-    def _arm(self, client: T) -> None:
-        if self._self_pushed:
-            _set_call(self, itertools.repeat(client).__next__)
-
-    def _invalidate(self) -> None:
-        # Called without the lock (environment watcher, fork hook): a plain
-        # attribute store, atomic under the GIL.
-        _set_call(self, self._self_slow)
+        _registry.register(self, entry)
+        # Changes to environment variables are pushed, not polled: the hit
+        # path stays armed until one of them changes.
+        if isinstance(key, EnvKey) and _environ.watch(key.names, life):
+            life.pushed = True
 
     # -- calls --------------------------------------------------------------
 
-    def _call_slow(self) -> T:
-        if self._self_overrides:
-            return self._serve_override()
-        if self._self_fork_errors:
-            self._report_fork_errors()
-        version = _environ.version()
-        key_hash, key_value = self._evaluate_key()
-        live = self._self_live
-        if live is None or live.key_hash != key_hash:
-            live = self._acquire(key_hash, key_value)
-        with self._self_lock:
-            if self._self_live is live and not self._self_overrides:
-                self._arm(live.client)
-        # An environment change between reading the key and arming would
-        # be lost: its invalidation may have run before the arm above.
-        if _environ.version() != version:
-            self._invalidate()
-        return live.client
-
-    def _call_polled(self) -> T:
-        overrides = self._self_overrides
-        if overrides:
-            return overrides[-1]
-        key_hash, key_value = self._evaluate_key()
-        live = self._self_live
-        if live is None or live.key_hash != key_hash:
-            if self._self_fork_errors:
-                self._report_fork_errors()
-            live = self._acquire(key_hash, key_value)
-        return live.client
-
-    def _serve_override(self) -> T:
-        with self._self_lock:
-            overrides = self._self_overrides
-            if overrides:
-                self._arm(overrides[-1])
-                return overrides[-1]
-        return self()  # The block ended meanwhile.
-
-    def _evaluate_key(self) -> tuple[int, object]:
-        return evaluate_key(self._self_key, self._self_name)
-
-    def _acquire(self, key_hash: int, key_value: object) -> Live[T]:
+    def _acquire(self) -> Record[T]:
+        life = self._self_life
+        slot = self._self_slot
+        if life.fork_errors:
+            report_fork_errors(self._self_name, life.fork_errors)
         me = threading.get_ident()
+        built: Ticket | None = None
+        epoch = life.epoch
         for _ in range(MAX_ROUNDS):
-            with self._self_lock:
-                live = self._self_live
-                if live is not None and live.key_hash == key_hash:
-                    return live
-                build = self._self_build
-                if build is not None and build.thread == me:
-                    raise ReentrantBuildError(self._self_name)
-                mine = build is None
-                if build is None:
-                    build = self._self_build = _Build(key_hash, me)
-            if mine:
-                return self._run_build(build, key_value)
-            # Wait with no lock held for the build in progress; it always
-            # ends by setting the event, success or failure.
-            build.done.wait()
-            if build.key_hash == key_hash:
-                if build.error is not None:
-                    raise build.error
-                if build.live is not None:
-                    return build.live
-        msg = (
-            f"The key of {self._self_name} changed during each of "
-            f"{MAX_ROUNDS} builds; make the key function return a value "
-            "that only changes with the configuration."
-        )
-        raise PoolkeeperError(msg)
+            if built is None:
+                # The epoch is read before the key: a change between the
+                # two keeps the hit path disarmed (see Lifecycle.request).
+                epoch = life.epoch
+                key_hash, key = evaluate_key(self._self_key, self._self_name)
+                live = slot.live
+                if (
+                    not life.pushed
+                    and live is not None
+                    and live.matches(key_hash, key)
+                ):
+                    return live  # A polled key's hit: no lock.
+            else:
+                # The builder is served what it built, if still live.
+                key_hash, key, built = built.key_hash, built.key.value, None
+            step = life.request(
+                slot, key_hash, key, epoch, me, threading.Event
+            )
+            if isinstance(step, Serve):
+                return step.record
+            if isinstance(step, Build):
+                self._build(step.ticket)
+                built = step.ticket if step.ticket.record else None
+                continue
+            ticket = step.ticket
+            with waiting(me, ticket):
+                while not ticket.done.wait(_POLL) and not ticket.finished:
+                    pass
+            if ticket.error is not None and ticket.matches(key_hash, key):
+                raise ticket.error
+        raise too_many_rounds(self._self_name, "build")
 
-    def _run_build(self, build: _Build[T], key_value: object) -> Live[T]:
-        # Build outside the lock: callers for the same key wait on the
-        # build's event instead, and the lock stays free for reset() and
-        # statistics(). Only one build runs at a time, so a losing duplicate
-        # client is never made.
+    def _build(self, ticket: Ticket) -> None:
+        # Runs the factory with no lock held; callers for the same slot
+        # wait on the ticket instead. Whatever is raised, at whatever line
+        # (a signal handler's KeyboardInterrupt included), the ticket is
+        # settled, its waiters are woken and a built client is made live or
+        # closed: each step below is repeated by the next layer if an
+        # exception cut it short.
+        life = self._self_life
+        client: object = _NOTHING
+        doomed: list[Record[T]] = []
         try:
-            client = self.__wrapped__()
-        except BaseException as exc:
-            with self._self_lock:
-                self._self_build_failures += 1
-                if self._self_build is build:
-                    self._self_build = None
-            build.error = exc
-            build.done.set()
-            raise
-        fp = None if self._self_key is None else fingerprint(key_value)
-        with self._self_lock:
-            self._self_builds += 1
-            new = Live(client, build.key_hash, fp, self._self_builds)
-            old = self._self_live
-            self._self_live = new
-            if self._self_build is build:
-                self._self_build = None
-            self._self_built_at = time.monotonic()
-            doomed = self._retire_locked(old)
-        build.live = new
-        build.done.set()
-        log.debug(
-            "Built %s (generation %d, key %s).",
-            self._self_name,
-            new.generation,
-            fp,
-            extra={
-                "poolkeeper_factory": self._self_name,
-                "poolkeeper_generation": new.generation,
-                "poolkeeper_key": fp,
-            },
-        )
-        if doomed is not None:
-            self._close(doomed)
-        return new
+            try:
+                fp = key_fingerprint(
+                    self._self_key is not None, ticket.key.value
+                )
+                with building(ticket):
+                    client = self.__wrapped__()
+                life.built(ticket, client, fp, time.monotonic(), doomed)
+            except BaseException as exc:
+                if client is _NOTHING:
+                    life.failed(ticket, exc)
+                raise
+            finally:
+                if not ticket.finished:
+                    self._settle(ticket, client, doomed)
+        finally:
+            try:
+                ticket.done.set()
+            finally:
+                self._close(doomed)
+        if ticket.record is not None:
+            _log_built(self._self_name, ticket.record)
+
+    def _settle(
+        self, ticket: Ticket, client: object, doomed: list[Record[T]]
+    ) -> None:
+        life = self._self_life
+        if client is _NOTHING:
+            error = sys.exc_info()[1]
+            life.failed(
+                ticket, error or PoolkeeperError("The build was cut short.")
+            )
+        else:
+            fp = key_fingerprint(self._self_key is not None, ticket.key.value)
+            life.built(ticket, cast("T", client), fp, time.monotonic(), doomed)
+
+    def _close(self, doomed: list[Record[T]]) -> None:
+        run_each(functools.partial(self._self_closer.close, r) for r in doomed)
 
     # -- retirement ---------------------------------------------------------
-
-    def _retire_locked(self, live: Live[T] | None) -> Live[T] | None:
-        """Retire *live*; return it if it must be closed now."""
-        if live is None:
-            return None
-        if live.leases:
-            live.state = "retired"
-            self._self_retired.append(live)
-            return None
-        live.state = "closed"
-        return live
-
-    def _close(self, live: Live[T]) -> None:
-        ok = close_client(
-            self._self_name,
-            live.client,
-            self._self_close,  # type: ignore[arg-type] # Contravariant hook.
-            live.generation,
-        )
-        if ok is not None:
-            with self._self_lock:
-                if ok:
-                    self._self_closes += 1
-                else:
-                    self._self_close_failures += 1
 
     def reset(self) -> bool:
         """Retire the live client; the next call builds a new one.
@@ -325,42 +238,16 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         Returns:
             Whether a client was retired.
         """
-        with self._self_lock:
-            live = self._self_live
-            if live is None:
-                return False
-            waited = time.monotonic() - self._self_built_at
-            if waited < self._self_min_interval:
-                self._self_resets_refused += 1
-                log.debug(
-                    "Refused to reset %s %.3f s after its last build.",
-                    self._self_name,
-                    waited,
-                    extra={"poolkeeper_factory": self._self_name},
-                )
-                return False
-            self._self_live = None
-            self._invalidate()
-            doomed = self._retire_locked(live)
-        if doomed is not None:
+        doomed: list[Record[T]] = []
+        try:
+            return self._self_life.reset(
+                self._self_slot, time.monotonic(), doomed
+            )
+        finally:
             self._close(doomed)
-        return True
-
-    def _detach(self) -> list[tuple[int, Callable[[], None]]]:
-        """Retire the live client for close_all(), ignoring rate limits."""
-        with self._self_lock:
-            live = self._self_live
-            self._self_live = None
-            self._invalidate()
-            doomed = self._retire_locked(live)
-        if doomed is None:
-            return []
-        return [(doomed.sequence, functools.partial(self._close, doomed))]
-
-    # -- leases, overrides, inspection ---------------------------------------
 
     @contextlib.contextmanager
-    def lease(self) -> Generator[T]:
+    def lease(self) -> Generator[T, None, None]:
         """Pin the live client for the duration of a ``with`` block.
 
         If the client is retired meanwhile (key change, ``reset()``,
@@ -370,65 +257,28 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         Yields:
             The live client, as a call would return it.
         """
-        live = self._lease()
+        life = self._self_life
+        overrides = life.overrides
+        if overrides:
+            yield cast("T", overrides[-1][1])
+            return
+        record: Record[T] | None = None
         try:
-            yield self.current() if live is None else live.client  # type: ignore[misc]
+            for _ in range(MAX_ROUNDS):
+                candidate = self._acquire()
+                if life.lease(self._self_slot, candidate):
+                    record = candidate
+                    break
+            else:
+                raise too_many_rounds(self._self_name, "lease")
+            yield record.client
         finally:
-            if live is not None:
-                self._unlease(live)
-
-    def _lease(self) -> Live[T] | None:
-        for _ in range(MAX_ROUNDS):
-            client = self()
-            with self._self_lock:
-                if self._self_overrides:
-                    return None
-                live = self._self_live
-                if live is not None and live.client is client:
-                    live.leases += 1
-                    return live
-        msg = (
-            f"{self._self_name} was retired during each of {MAX_ROUNDS} "
-            "attempts to lease it; stop resetting it in a loop."
-        )
-        raise PoolkeeperError(msg)
-
-    def _unlease(self, live: Live[T]) -> None:
-        with self._self_lock:
-            live.leases -= 1
-            if live.leases or live.state != "retired":
-                return
-            live.state = "closed"
-            self._self_retired.remove(live)
-        self._close(live)
-
-    @contextlib.contextmanager
-    def override(self, obj: T) -> Generator[T]:
-        """Make every call return *obj* inside a ``with`` block; for tests.
-
-        poolkeeper never closes *obj*. The live client, if any, is left
-        alone and served again after the block. Overrides nest.
-
-        Args:
-            obj: What calls return inside the block.
-
-        Yields:
-            *obj*.
-        """
-        with self._self_lock:
-            self._self_overrides = (*self._self_overrides, obj)
-            self._arm(obj)
-        try:
-            yield obj
-        finally:
-            with self._self_lock:
-                stack = list(self._self_overrides)
-                for i in range(len(stack) - 1, -1, -1):
-                    if stack[i] is obj:
-                        del stack[i]
-                        break
-                self._self_overrides = tuple(stack)
-                self._invalidate()
+            if record is not None:
+                doomed: list[Record[T]] = []
+                try:
+                    life.unlease(record, doomed)
+                finally:
+                    self._close(doomed)
 
     def proxy(self) -> T:
         """Return a handle that resolves to the live client on every use.
@@ -449,10 +299,10 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         Returns:
             The live client (or the override), ``None`` if none is live.
         """
-        overrides = self._self_overrides
+        overrides = self._self_life.overrides
         if overrides:
-            return overrides[-1]
-        live = self._self_live
+            return cast("T", overrides[-1][1])
+        live = self._self_slot.live
         return None if live is None else live.client
 
     def statistics(self) -> Statistics:
@@ -461,54 +311,11 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         Returns:
             The counters of this process.
         """
-        with self._self_lock:
-            live = self._self_live
-            retired = self._self_retired
-            return Statistics(
-                builds=self._self_builds,
-                build_failures=self._self_build_failures,
-                closes=self._self_closes,
-                close_failures=self._self_close_failures,
-                generation=0 if live is None else live.generation,
-                key_fingerprint=None if live is None else live.fingerprint,
-                pid=self._self_pid,
-                leases=(0 if live is None else live.leases)
-                + sum(r.leases for r in retired),
-                pending_close=len(retired),
-                resets_refused=self._self_resets_refused,
-                is_overridden=bool(self._self_overrides),
-            )
-
-    # -- fork ---------------------------------------------------------------
-
-    def _forget_parent(self) -> None:
-        # In a forked child, from the at-fork hook: one thread, no lock
-        # taken, nothing logged, nothing raised. The parent's client is
-        # abandoned, never closed: its sockets are the parent's too.
-        self._self_lock = threading.RLock()
-        self._self_build = None
-        self._invalidate()
-        if self._self_fork_mode == "keep":
-            self._self_pid = os.getpid()
-            return
-        inherited = [self._self_live, *self._self_retired]
-        self._self_live = None
-        self._self_retired = []
-        self._reset_counters()
-        abandon(
-            [live for live in inherited if live is not None],
-            self._self_after_fork,
-            self._self_fork_errors,
-        )
-
-    def _report_fork_errors(self) -> None:
-        report_fork_errors(self._self_name, self._self_fork_errors)
-
-    # -- identity -----------------------------------------------------------
+        return self._self_life.statistics(self._self_slot)
 
     def __repr__(self) -> str:
         """Describe the singleton with its key fingerprint, never the key."""
-        live = self._self_live
+        live = self._self_slot.live
         state = (
             "no live client"
             if live is None
@@ -516,8 +323,22 @@ class ProcessSingleton(Identity, _Proxy, Generic[T]):
         )
         return (
             f"<poolkeeper.ProcessSingleton {self._self_name} "
-            f"({state}, pid {self._self_pid})>"
+            f"({state}, pid {self._self_life.pid})>"
         )
+
+
+def _log_built(name: str, record: Record[Any]) -> None:
+    log.debug(
+        "Built %s (generation %d, key %s).",
+        name,
+        record.generation,
+        record.fingerprint,
+        extra={
+            "poolkeeper_factory": name,
+            "poolkeeper_generation": record.generation,
+            "poolkeeper_key": record.fingerprint,
+        },
+    )
 
 
 def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
@@ -549,7 +370,31 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     return self
 
 
-def _set_call(singleton: object, target: Callable[..., object]) -> None:
-    # A plain class attribute store: atomic under the GIL, so callers on
-    # other threads see either the old or the new target, never neither.
-    type.__setattr__(type(singleton), "__call__", target)
+def _switch(cls: type, name: str, client: object) -> None:
+    """Arm *cls*'s hit path with *client*, or disarm it (None)."""
+    target = _slow_call if client is None else _armed(client, name)
+    # A plain class attribute store: callers on other threads see the old
+    # or the new target, never neither.
+    type.__setattr__(cls, "__call__", target)
+
+
+_slow_call: object = ProcessSingleton.__dict__["__call__"]
+
+
+def _armed(client: object, name: str) -> object:
+    """Return a ``__call__`` that returns *client* without Python frames.
+
+    An ``lru_cache`` seeded with the no-argument call answers it in C. A
+    call with arguments misses the cache and reaches ``hit``, which raises
+    the same error as the slow path; the staticmethod keeps the singleton
+    itself out of the arguments.
+    """
+
+    def hit(*args: object, **kwargs: object) -> object:
+        if args or kwargs:
+            raise TypeError(no_arguments(name, args, kwargs))
+        return client
+
+    cached = functools.lru_cache(maxsize=None)(hit)
+    cached()
+    return staticmethod(cached)

@@ -6,7 +6,7 @@ The hierarchy::
     └── ReentrantBuildError(PoolkeeperError, RuntimeError)
     PoolkeeperWarning(Warning)
     ├── PoolLeakWarning(PoolkeeperWarning)
-    └── UnclosedClientWarning(PoolkeeperWarning, ResourceWarning)
+    └── UnclosedClientWarning(PoolkeeperWarning)
 
 Errors raised by a factory or a key function are never wrapped: they reach
 the caller unchanged, so code keeps catching the SDK's own exception types.
@@ -31,23 +31,38 @@ class PoolkeeperError(Exception):
 
 
 class ReentrantBuildError(PoolkeeperError, RuntimeError):
-    """A factory called its own singleton while building it.
+    """A build would wait for itself, so the call fails instead of hanging.
 
-    Waiting would deadlock, so the inner call fails instead.
+    Raised when a factory calls its own singleton while building it
+    (directly, or through a task it starts and awaits), and when factories
+    on different threads or tasks wait for each other's builds (A's factory
+    needs B while B's factory needs A).
 
     Args:
-        name: The factory's qualified name.
+        name: The qualified name of the factory whose build would be
+            waited for.
+        cycle: For a cycle, the factories in it, the first one repeated at
+            the end (``("a", "b", "a")``); empty for a factory calling
+            itself.
 
     .. versionadded:: 0.1
     """
 
-    def __init__(self, name: str) -> None:
-        """Name the factory that re-entered its own build."""
-        super().__init__(name)
+    def __init__(self, name: str, cycle: tuple[str, ...] = ()) -> None:
+        """Name the factory (and the cycle) that would wait for itself."""
+        super().__init__(name, cycle)
         self.name = name
+        self.cycle = cycle
 
     def __str__(self) -> str:
-        """Say which factory re-entered and what to do about it."""
+        """Say which factories wait for each other and what to do."""
+        if len(set(self.cycle)) > 1:
+            chain = " -> ".join(f"{name}()" for name in self.cycle)
+            return (
+                f"The builds of {chain} wait for each other (each factory "
+                "calls the next singleton while its build is in progress); "
+                "build one without the other, or call them in one order."
+            )
         return (
             f"{self.name}() called its own singleton while building it; "
             "build the client without calling the singleton, or split it "
@@ -105,11 +120,14 @@ class PoolLeakWarning(PoolkeeperWarning):
         )
 
 
-class UnclosedClientWarning(PoolkeeperWarning, ResourceWarning):
+class UnclosedClientWarning(PoolkeeperWarning):
     """A retired client could not be closed properly.
 
     Emitted, for example, when a close hook returns an awaitable that a
-    synchronous retirement cannot await.
+    synchronous retirement cannot await, or when an async client's event
+    loop ended without closing it. It is shown by Python's default warning
+    filters (it is not a :class:`ResourceWarning`, which they hide), and
+    the same message is logged at WARNING on the ``poolkeeper`` logger.
 
     .. versionadded:: 0.1
     """

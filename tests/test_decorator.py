@@ -162,10 +162,10 @@ class TestBadInput:
         """A rejected decoration leaves no singleton behind."""
         from poolkeeper import _registry
 
-        before = len(_registry._members)
+        before = len(_registry._entries)
         with pytest.raises(TypeError):
             process_singleton(lambda x: x)  # type: ignore[arg-type]
-        assert before == len(_registry._members)
+        assert before == len(_registry._entries)
 
 
 def test_version():

@@ -138,7 +138,7 @@ class TestForkDuringBuild:
             # The parent's builder thread does not exist here; its build
             # never ends. A child that waited for it would hang.
             factory.gate = None
-            with single._self_lock:
+            with single._self_life.lock:
                 pass
             return isinstance(single(), FakeClient)
 
@@ -156,7 +156,7 @@ class TestForkDuringBuild:
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with single._self_lock:
+            with single._self_life.lock:
                 held.set()
                 release.wait(WAIT)
 

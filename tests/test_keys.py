@@ -272,7 +272,9 @@ class TestCustomKeys:
         )(factory)
         old = single()
 
-        assert type(single).__call__ is not type(single)._call_slow
+        assert (
+            type(single).__call__ is not poolkeeper.ProcessSingleton.__call__
+        )
         env.setenv("PK_TEST_URL", "http://127.0.0.1:2")
         assert single() is not old
 
@@ -341,7 +343,7 @@ class TestSecrets:
             for name in poolkeeper.ProcessSingleton.__annotations__
             if name.startswith("_self_")
         ]
-        live = single._self_live
+        live = single._self_slot.live
         everything = [
             repr(single),
             repr(stats),
@@ -362,7 +364,7 @@ class TestHitPath:
         release = threading.Event()
 
         def hold():
-            with single._self_lock:
+            with single._self_life.lock:
                 held.set()
                 release.wait(WAIT)
 

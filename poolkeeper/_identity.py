@@ -1,0 +1,161 @@
+"""What sync and async singletons share outside the lifecycle.
+
+Identity semantics (hash, equality, copying, pickling by reference), the
+arguments check, key evaluation and the after-fork error report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from poolkeeper._fingerprint import fingerprint
+from poolkeeper._lifecycle import MAX_ROUNDS
+from poolkeeper.exceptions import PoolkeeperError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Generator
+
+    from poolkeeper._lifecycle import Lifecycle
+
+T = TypeVar("T")
+
+log = logging.getLogger("poolkeeper")
+
+
+class Identity(Generic[T]):
+    """Identity semantics for a singleton built on a wrapt proxy.
+
+    wrapt forwards hashing, equality, copying and pickling to the wrapped
+    factory; but a singleton *is* an identity (the registry relies on it),
+    a copy of it is itself, and a pickle names it so that each process
+    unpickles its own.
+    """
+
+    _self_name: str
+    _self_life: Lifecycle[Any]
+
+    def __hash__(self) -> int:
+        """Hash by identity."""
+        return object.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        """Compare by identity."""
+        return self is other
+
+    def __copy__(self) -> Identity[T]:
+        """A singleton's copy is itself."""
+        return self
+
+    def __deepcopy__(self, memo: object) -> Identity[T]:
+        """A singleton's deep copy is itself."""
+        return self
+
+    def __reduce_ex__(self, protocol: object) -> str:
+        """Pickle by reference: each process unpickles its own singleton."""
+        return self._self_name
+
+    @contextlib.contextmanager
+    def override(self, obj: T) -> Generator[T, None, None]:
+        """Make every call return *obj* inside a ``with`` block; for tests.
+
+        poolkeeper never closes *obj*. The live client, if any, is left
+        alone and served again after the block. Overrides nest, and each
+        block removes its own override (by identity), even when blocks end
+        out of order. For an async singleton, every ``await single()`` on
+        every loop returns *obj*.
+
+        Args:
+            obj: What calls return inside the block.
+
+        Yields:
+            *obj*.
+        """
+        token = object()
+        self._self_life.push_override(token, obj)
+        try:
+            yield obj
+        finally:
+            self._self_life.pop_override(token)
+
+
+def no_arguments(name: str, args: tuple[object, ...], kwargs: object) -> str:
+    """Return the error message for a singleton called with arguments."""
+    given = len(args) + len(kwargs)  # type: ignore[arg-type]
+    return (
+        f"{name}() takes no arguments ({given} given); a singleton is "
+        "called with none: read the configuration inside its factory."
+    )
+
+
+def too_many_rounds(name: str, what: str) -> PoolkeeperError:
+    """Return the error for a call that gave up after ``MAX_ROUNDS``."""
+    if what == "lease":
+        msg = (
+            f"{name} was retired during each of {MAX_ROUNDS} attempts to "
+            "lease it; stop resetting it in a loop."
+        )
+    else:
+        msg = (
+            f"The key of {name} changed during each of {MAX_ROUNDS} builds; "
+            "make the key function return a value that only changes with "
+            "the configuration."
+        )
+    return PoolkeeperError(msg)
+
+
+def evaluate_key(
+    key: Callable[[], object] | None, name: str
+) -> tuple[int, object]:
+    """Return ``(hash, value)`` of *key*'s current value; ``(0, None)``.
+
+    Runs with no lock held: a key may read files or the environment.
+
+    Raises:
+        TypeError: If the value is unhashable, naming the factory.
+    """
+    if key is None:
+        return 0, None
+    value = key()
+    try:
+        return hash(value), value
+    except TypeError:
+        msg = (
+            f"The key of {name} returned an unhashable "
+            f"{type(value).__name__}; make the key function return a "
+            "tuple of strings or other hashable values."
+        )
+        raise TypeError(msg) from None
+
+
+def key_fingerprint(has_key: bool, value: object) -> str | None:  # noqa: FBT001
+    """Fingerprint a key value for reprs, logs and statistics.
+
+    A value whose ``repr()`` raises gets a fingerprint of its type alone:
+    showing the key must never stop the build that needs it.
+    """
+    if not has_key:
+        return None
+    try:
+        return fingerprint(value)
+    except Exception:  # noqa: BLE001 -- a display value, never fatal.
+        return fingerprint(f"<unrepresentable {type(value).__qualname__}>")
+
+
+def report_fork_errors(name: str, errors: list[BaseException]) -> None:
+    """Log, once, the after_fork failures the at-fork hook kept quiet.
+
+    Empties *errors*: the hook runs in a forked child where logging could
+    deadlock, so the first call in the child reports them instead.
+    """
+    while errors:
+        exc = errors.pop(0)
+        log.warning(
+            "The after_fork hook of %s failed in process %d.",
+            name,
+            os.getpid(),
+            exc_info=exc,
+            extra={"poolkeeper_factory": name},
+        )

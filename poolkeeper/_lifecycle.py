@@ -1,0 +1,518 @@
+"""The lifecycle rules of every singleton, sync and async, in one place.
+
+Everything that decides what happens to a client lives here: when to
+build, who waits, what is served, what is retired, what must be closed,
+what a forked child abandons. This module does no I/O. It never calls the
+factory, a key, a close hook or ``after_fork``; it never waits and never
+logs. Each transition takes the lifecycle's lock, decides, records, and
+tells the driver (``_singleton`` for threads, ``_async`` for event loops)
+what to do next: serve this record, wait for this ticket, build now, or
+close these records.
+
+Each transition computes in locals and commits in a single statement, so
+an exception injected between two lines (a signal handler's
+``KeyboardInterrupt``, a tracer) leaves the state as it was before the
+transition or as it is after it, never half-way. Transitions that may be
+cut short by such an exception in the driver are idempotent, so the
+driver's ``finally`` can run them again.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
+
+from poolkeeper._stats import Statistics
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+T = TypeVar("T")
+
+#: Orders builds across every singleton, so shutdown closes in reverse.
+_sequence = itertools.count(1)
+
+#: How many builds for other keys a call waits out before giving up.
+MAX_ROUNDS: Final = 100
+
+
+class ClientState(enum.Enum):
+    """Where a built client is in its life; written only by this module."""
+
+    LIVE = "live"  # Served to callers.
+    RETIRED = "retired"  # Displaced; its close waits for its leases.
+    CLOSED = "closed"  # Done with: closed once, or shared with a live one.
+    ABANDONED = "abandoned"  # Inherited by a forked child; never closed.
+
+
+@final
+class Sealed:
+    """Holds a key's raw value for comparison; never shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<sealed key>"
+
+
+@final
+class Record(Generic[T]):
+    """A built client and what the lifecycle knows about it."""
+
+    __slots__ = (
+        "client",
+        "fingerprint",
+        "generation",
+        "key",
+        "key_hash",
+        "leases",
+        "sequence",
+        "slot",
+        "state",
+    )
+
+    def __init__(self, client: T, ticket: Ticket, generation: int) -> None:
+        self.client = client
+        self.key_hash = ticket.key_hash
+        self.key = ticket.key
+        self.slot = ticket.slot
+        self.generation = generation
+        self.sequence = next(_sequence)
+        self.leases = 0
+        self.state = ClientState.LIVE
+        # Computed by the driver before the build (repr() of the key).
+        self.fingerprint: str | None = None
+
+    def matches(self, key_hash: int, key: object) -> bool:
+        """Whether this record was built for *key* (by value, not hash)."""
+        if self.key_hash != key_hash:
+            return False
+        mine = self.key.value
+        return mine is key or bool(mine == key)
+
+
+@final
+class Ticket:
+    """A build in progress, which other callers of its slot wait for."""
+
+    __slots__ = (
+        "done",
+        "error",
+        "finished",
+        "key",
+        "key_hash",
+        "name",
+        "owner",
+        "record",
+        "slot",
+    )
+
+    def __init__(  # noqa: PLR0913, PLR0917 -- one field each.
+        self,
+        slot: Slot,
+        key_hash: int,
+        key: object,
+        owner: object,
+        done: Any,  # noqa: ANN401 -- the driver's event or future.
+        name: str,
+    ) -> None:
+        self.slot = slot
+        self.key_hash = key_hash
+        self.key = Sealed(key)
+        self.owner = owner
+        self.done = done
+        self.name = name
+        self.record: Record[Any] | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def matches(self, key_hash: int, key: object) -> bool:
+        """Whether this build is for *key*."""
+        mine = self.key.value
+        return self.key_hash == key_hash and (mine is key or bool(mine == key))
+
+
+@final
+class Slot:
+    """One place a client lives: the process (sync) or one event loop."""
+
+    __slots__ = (
+        "build",
+        "built_at",
+        "dropped",
+        "hook",
+        "key",
+        "live",
+        "loop",
+        "retired",
+    )
+
+    def __init__(self, key: object = None, loop: Any = None) -> None:  # noqa: ANN401
+        # The key in Lifecycle.slots, and a weak reference to the event
+        # loop for async slots (None for the process's slot).
+        self.key = key
+        self.loop = loop
+        self.live: Record[Any] | None = None
+        self.build: Ticket | None = None
+        self.retired: tuple[Record[Any], ...] = ()
+        self.built_at = float("-inf")
+        # The async driver's loop-end hook, and whether it was let go.
+        self.hook: object = None
+        self.dropped = False
+
+
+class Serve:
+    """Decision: return this record's client."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record[Any]) -> None:
+        self.record = record
+
+
+class Wait:
+    """Decision: wait for this build, then ask again."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+
+
+class Build:
+    """Decision: call the factory now, then report to ``built``/``failed``."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+
+
+class _Sink:
+    """Absorbs a state store aimed at no record (see ``_retire``)."""
+
+    __slots__ = ("leases", "state")
+
+
+def _nothing(_client: object) -> None:
+    """The hit-path switch of a lifecycle that has no hit path."""
+
+
+class Lifecycle(Generic[T]):
+    """The state of one singleton: its slots, counters and overrides."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        pushed: bool,
+        min_interval: float,
+        switch: Callable[[object], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.lock = threading.RLock()
+        # The key is pushed (no key, or keys.env): the hit path may be armed.
+        self.pushed = pushed
+        self.min_interval = min_interval
+        # Arms the hit path with a client, or disarms it with None.
+        self.switch = switch or _nothing
+        self.slots: dict[object, Slot] = {}
+        self.overrides: tuple[tuple[object, object], ...] = ()
+        # Bumped by every change of a watched environment variable.
+        self.epoch = 0
+        self.fork_errors: list[BaseException] = []
+        self._zero()
+
+    def _zero(self) -> None:
+        # Counters are per process: a forked child starts from zero. The
+        # generation only grows, under the lock, within a process.
+        self.generation = 0
+        self.pid = os.getpid()
+        self.builds = 0
+        self.build_failures = 0
+        self.closes = 0
+        self.close_failures = 0
+        self.resets_refused = 0
+
+    # -- slots --------------------------------------------------------------
+
+    def open_slot(
+        self, key: object, loop: Callable[[], object] | None
+    ) -> tuple[Slot, Slot | None]:
+        """Return the slot for *key*, making it if needed.
+
+        *loop* is the weak reference a new async slot keeps; an existing
+        slot whose loop is not the one *loop* refers to (a dead loop whose
+        id was reused) is replaced. Returns the slot and the slot it
+        replaced, if any, for the driver to drop.
+        """
+        with self.lock:
+            slot = self.slots.get(key)
+            if slot is not None and (loop is None or slot.loop() is loop()):
+                return slot, None
+            self.slots[key] = new = Slot(key, loop)
+            return new, slot
+
+    def close_slot(self, slot: Slot, doomed: list[Record[Any]]) -> None:
+        """Retire everything *slot* holds, leased or not, and forget it.
+
+        For a loop that ends: its clients are closed even if leased.
+        """
+        with self.lock:
+            out = [r for r in (slot.live, *slot.retired) if r is not None]
+            rest = [r for r in self._holders() if r not in out]
+            close = [r for r in out if not self._shared(r, rest)]
+            for record in out:
+                record.state = ClientState.CLOSED
+            if self.slots.get(slot.key) is slot:
+                del self.slots[slot.key]
+            slot.live, slot.retired, slot.dropped, doomed[:] = (
+                None, (), True, close,
+            )  # fmt: skip
+
+    # -- calls --------------------------------------------------------------
+
+    def request(  # noqa: PLR0913, PLR0917 -- what a call knows.
+        self,
+        slot: Slot,
+        key_hash: int,
+        key: object,
+        epoch: int,
+        owner: object,
+        new_done: Callable[[], object],
+    ) -> Serve | Wait | Build:
+        """Decide what a call for *key*, read at *epoch*, does next."""
+        with self.lock:
+            live = slot.live
+            if live is not None and live.matches(key_hash, key):
+                # Arm only if no watched variable changed since the key was
+                # read: invalidate() bumps the epoch under this lock.
+                if self.pushed and epoch == self.epoch and not self.overrides:
+                    self.switch(live.client)
+                return Serve(live)
+            if slot.build is not None:
+                return Wait(slot.build)
+            ticket = Ticket(slot, key_hash, key, owner, new_done(), self.name)
+            slot.build = ticket
+            return Build(ticket)
+
+    def built(
+        self,
+        ticket: Ticket,
+        client: T,
+        fingerprint: str | None,
+        now: float,
+        doomed: list[Record[T]],
+    ) -> None:
+        """Make the built *client* live and retire the one it replaces.
+
+        Idempotent: a second call for the same ticket does nothing. What
+        must be closed is put in *doomed* in the same statement that
+        commits, so it cannot be lost between the two.
+        """
+        with self.lock:
+            if ticket.finished:
+                return
+            # Replacing a live client disarms first: nobody may be served
+            # a client whose close has started.
+            self.switch(None)
+            slot = ticket.slot
+            new: Record[T] = Record(client, ticket, self.generation + 1)
+            new.fingerprint = fingerprint
+            if slot.dropped:
+                # The slot's loop ended (or a fork dropped it) meanwhile.
+                (new.state, ticket.finished, doomed[:]) = (
+                    ClientState.CLOSED, True, [new],
+                )  # fmt: skip
+                return
+            old = slot.live
+            retired, out, state, box = self._retire(slot, old, keep=new)
+            build = None if slot.build is ticket else slot.build
+            (
+                slot.live, slot.build, slot.built_at, slot.retired,
+                box.state, self.generation, self.builds, ticket.record,
+                ticket.finished, doomed[:],
+            ) = (
+                new, build, now, retired,
+                state, new.generation, self.builds + 1, new,
+                True, out,
+            )  # fmt: skip
+
+    def failed(self, ticket: Ticket, error: BaseException | None) -> None:
+        """Record a build that raised *error* (None: it was cancelled)."""
+        with self.lock:
+            if ticket.finished:
+                return
+            slot = ticket.slot
+            build = None if slot.build is ticket else slot.build
+            failures = self.build_failures + (error is not None)
+            (
+                slot.build, self.build_failures, ticket.error, ticket.finished,
+            ) = (build, failures, error, True)  # fmt: skip
+
+    def lease(self, slot: Slot, record: Record[T]) -> bool:
+        """Pin *record* if it is still live; return whether it was."""
+        with self.lock:
+            if record is not slot.live or record.state is not ClientState.LIVE:
+                return False
+            record.leases += 1
+            return True
+
+    def unlease(self, record: Record[T], doomed: list[Record[T]]) -> None:
+        """End a lease; a retired record whose last lease ends is doomed."""
+        with self.lock:
+            slot = record.slot
+            leases = record.leases - 1
+            if leases or record.state is not ClientState.RETIRED:
+                record.leases = leases
+                return
+            retired = tuple(r for r in slot.retired if r is not record)
+            out = [] if self._shared(record, self._holders()) else [record]
+            (record.leases, record.state, slot.retired, doomed[:]) = (
+                0, ClientState.CLOSED, retired, out,
+            )  # fmt: skip
+
+    def reset(self, slot: Slot, now: float, doomed: list[Record[T]]) -> bool:
+        """Retire *slot*'s live client unless rate-limited; say if it was."""
+        with self.lock:
+            live = slot.live
+            if live is None:
+                return False
+            if now - slot.built_at < self.min_interval:
+                self.resets_refused += 1
+                return False
+            self.switch(None)
+            retired, out, state, box = self._retire(slot, live, keep=None)
+            (slot.live, slot.retired, box.state, doomed[:]) = (
+                None, retired, state, out,
+            )  # fmt: skip
+            return True
+
+    def detach(self, doomed: list[Record[T]]) -> None:
+        """Retire every slot's live client, ignoring the rate limit."""
+        with self.lock:
+            self.switch(None)
+            out: list[Record[T]] = []
+            for slot in list(self.slots.values()):
+                live = slot.live
+                if live is None:
+                    continue
+                retired, more, state, box = self._retire(slot, live, None)
+                slot.live, slot.retired, box.state = None, retired, state
+                out.extend(more)
+            doomed[:] = out
+
+    def closed(self, *, ok: bool) -> None:
+        """Count a close that ran (*ok*) or failed."""
+        with self.lock:
+            if ok:
+                self.closes += 1
+            else:
+                self.close_failures += 1
+
+    def _retire(
+        self, slot: Slot, old: Record[Any] | None, keep: Record[Any] | None
+    ) -> tuple[tuple[Record[Any], ...], list[Record[Any]], ClientState, Any]:
+        """Decide *old*'s retirement; mutates nothing.
+
+        Returns the slot's new retired tuple, what to close now, the state
+        to give *old* and the object to store it on (a sink when there is
+        no *old*), so the caller commits all of it in one statement.
+        """
+        if old is None:
+            return slot.retired, [], ClientState.CLOSED, _Sink()
+        if old.leases:
+            return (*slot.retired, old), [], ClientState.RETIRED, old
+        # A client still live elsewhere (the factory returned the same
+        # object again, or another loop shares it) is not closed now.
+        others = [r for r in self._holders() if r is not old]
+        if keep is not None:
+            others.append(keep)
+        out = [] if self._shared(old, others) else [old]
+        return slot.retired, out, ClientState.CLOSED, old
+
+    def _holders(self) -> Iterator[Record[Any]]:
+        for slot in self.slots.values():
+            if slot.live is not None:
+                yield slot.live
+            yield from slot.retired
+
+    @staticmethod
+    def _shared(record: Record[Any], others: Iterable[Record[Any]]) -> bool:
+        client = record.client
+        return any(r.client is client for r in others if r is not record)
+
+    # -- environment, overrides ---------------------------------------------
+
+    def invalidate(self) -> None:
+        """A watched variable changed: disarm and outdate keys read before."""
+        with self.lock:
+            self.switch(None)
+            self.epoch += 1
+
+    def push_override(self, token: object, obj: object) -> None:
+        """Serve *obj* until the override named *token* is popped."""
+        with self.lock:
+            self.overrides = (*self.overrides, (token, obj))
+            if self.pushed:
+                self.switch(obj)
+
+    def pop_override(self, token: object) -> None:
+        """End the override named *token*, wherever it is in the stack."""
+        with self.lock:
+            self.switch(None)
+            self.overrides = tuple(
+                o for o in self.overrides if o[0] is not token
+            )
+
+    # -- fork ---------------------------------------------------------------
+
+    def forget_parent(self, *, keep: bool) -> list[Record[Any]]:
+        """In a forked child: fresh lock, no builds; abandon unless *keep*.
+
+        Takes no lock (another thread of the parent may have held it at the
+        fork) and returns the abandoned records, never to be closed.
+        """
+        self.lock = threading.RLock()
+        self.switch(None)
+        for slot in self.slots.values():
+            slot.build = None
+        if keep:
+            self.pid = os.getpid()
+            return []
+        abandoned = list(self._holders())
+        for record in abandoned:
+            record.state = ClientState.ABANDONED
+        for slot in self.slots.values():
+            slot.live, slot.retired, slot.built_at = None, (), float("-inf")
+            slot.dropped = slot.key is not None
+        self.slots = {k: s for k, s in self.slots.items() if k is None}
+        self._zero()
+        return abandoned
+
+    # -- inspection ---------------------------------------------------------
+
+    def statistics(self, slot: Slot | None) -> Statistics:
+        """Return a snapshot; live fields describe *slot*."""
+        with self.lock:
+            live = None if slot is None else slot.live
+            records = list(self._holders())
+            return Statistics(
+                builds=self.builds,
+                build_failures=self.build_failures,
+                closes=self.closes,
+                close_failures=self.close_failures,
+                generation=0 if live is None else live.generation,
+                key_fingerprint=None if live is None else live.fingerprint,
+                pid=self.pid,
+                leases=sum(r.leases for r in records),
+                pending_close=sum(len(s.retired) for s in self.slots.values()),
+                resets_refused=self.resets_refused,
+                is_overridden=bool(self.overrides),
+            )

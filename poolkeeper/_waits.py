@@ -1,0 +1,95 @@
+"""Who waits for whose build: reentrancy and cycles fail instead of hanging.
+
+Two checks run before a caller waits for a build in progress:
+
+- *Reentrancy*: the build is one the caller's own context is running. A
+  factory that calls its own singleton, directly or through a task it
+  starts and awaits (``asyncio.gather``), would wait for itself. The
+  builds a context is running are kept in a context variable, which
+  tasks inherit from the code that creates them.
+- *Cycles*: A's factory waits for B's build while B's factory, on another
+  thread or task, waits for A's. Each waiter records the build it waits
+  for; following build owner to the build that owner waits for, a caller
+  that reaches itself would close a cycle.
+
+Stale entries left by an exception between two lines are harmless: a
+finished build is never part of a cycle or of a reentrant wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from typing import TYPE_CHECKING
+
+from poolkeeper.exceptions import ReentrantBuildError
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    from poolkeeper._lifecycle import Ticket
+
+# The longest chain of waits followed when looking for a cycle.
+_MAX_CHAIN = 64
+
+_building: contextvars.ContextVar[tuple[Ticket, ...]] = contextvars.ContextVar(
+    "poolkeeper_building", default=()
+)
+_lock = threading.Lock()
+_waiting: dict[object, Ticket] = {}
+
+
+@contextlib.contextmanager
+def building(ticket: Ticket) -> Generator[None, None, None]:
+    """Mark *ticket* as built by the current context for the block."""
+    token = _building.set((*_building.get(), ticket))
+    try:
+        yield
+    finally:
+        _building.reset(token)
+
+
+@contextlib.contextmanager
+def waiting(owner: object, ticket: Ticket) -> Generator[None, None, None]:
+    """Record that *owner* waits for *ticket* for the block.
+
+    Raises:
+        ReentrantBuildError: If the wait could never end: *ticket* is built
+            by the caller's own context, or waiting would close a cycle.
+    """
+    if not ticket.finished and ticket in _building.get():
+        raise ReentrantBuildError(ticket.name)
+    with _lock:
+        cycle = _cycle(owner, ticket)
+        if cycle is None:
+            _waiting[owner] = ticket
+    if cycle is not None:
+        raise ReentrantBuildError(ticket.name, cycle)
+    try:
+        yield
+    finally:
+        with _lock:
+            if _waiting.get(owner) is ticket:
+                del _waiting[owner]
+
+
+def _cycle(owner: object, ticket: Ticket) -> tuple[str, ...] | None:
+    names = [ticket.name]
+    current = ticket
+    for _ in range(_MAX_CHAIN):
+        if current.owner == owner:
+            return (*names, names[0]) if len(names) > 1 else (*names, *names)
+        nxt = _waiting.get(current.owner)
+        if nxt is None or nxt.finished:
+            return None
+        names.append(nxt.name)
+        current = nxt
+    return None
+
+
+def forget() -> None:
+    """In a forked child: the parent's other threads wait for nothing here."""
+    global _lock  # noqa: PLW0603 -- replaced, never shared with the parent.
+    _lock = threading.Lock()
+    _waiting.clear()
