@@ -20,10 +20,20 @@ driver's ``finally`` can run them again.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Final,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    final,
+)
 
 from poolkeeper._stats import Statistics
 
@@ -31,6 +41,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
 T = TypeVar("T")
+L = TypeVar("L", bound="Lifecycle[Any]")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: Orders builds across every singleton, so shutdown closes in reverse.
 _sequence = itertools.count(1)
@@ -200,6 +213,24 @@ class _Sink:
     __slots__ = ("leases", "state")
 
 
+def _locked(
+    method: Callable[Concatenate[L, P], R],
+) -> Callable[Concatenate[L, P], R]:
+    """Run a transition under its lifecycle's lock.
+
+    Taking the lock, running the transition and releasing the lock share
+    one line on purpose: an exception injected at a line event (a tracer,
+    or a signal handler on the way out) could otherwise land between the
+    end of a ``with`` block's body and its exit, and leave the lock held.
+    """
+
+    @functools.wraps(method)
+    def run(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.lock: return method(self, *args, **kwargs)  # noqa: E701  # fmt: skip
+
+    return run
+
+
 def _nothing(_client: object) -> None:
     """The hit-path switch of a lifecycle that has no hit path."""
 
@@ -242,6 +273,7 @@ class Lifecycle(Generic[T]):
 
     # -- slots --------------------------------------------------------------
 
+    @_locked
     def open_slot(
         self, key: object, loop: Callable[[], object] | None
     ) -> tuple[Slot, Slot | None]:
@@ -252,32 +284,32 @@ class Lifecycle(Generic[T]):
         id was reused) is replaced. Returns the slot and the slot it
         replaced, if any, for the driver to drop.
         """
-        with self.lock:
-            slot = self.slots.get(key)
-            if slot is not None and (loop is None or slot.loop() is loop()):
-                return slot, None
-            self.slots[key] = new = Slot(key, loop)
-            return new, slot
+        slot = self.slots.get(key)
+        if slot is not None and (loop is None or slot.loop() is loop()):
+            return slot, None
+        self.slots[key] = new = Slot(key, loop)
+        return new, slot
 
+    @_locked
     def close_slot(self, slot: Slot, doomed: list[Record[Any]]) -> None:
         """Retire everything *slot* holds, leased or not, and forget it.
 
         For a loop that ends: its clients are closed even if leased.
         """
-        with self.lock:
-            out = [r for r in (slot.live, *slot.retired) if r is not None]
-            rest = [r for r in self._holders() if r not in out]
-            close = [r for r in out if not self._shared(r, rest)]
-            for record in out:
-                record.state = ClientState.CLOSED
-            if self.slots.get(slot.key) is slot:
-                del self.slots[slot.key]
-            slot.live, slot.retired, slot.dropped, doomed[:] = (
-                None, (), True, close,
-            )  # fmt: skip
+        out = [r for r in (slot.live, *slot.retired) if r is not None]
+        rest = [r for r in self._holders() if r not in out]
+        close = [r for r in out if not self._shared(r, rest)]
+        for record in out:
+            record.state = ClientState.CLOSED
+        if self.slots.get(slot.key) is slot:
+            del self.slots[slot.key]
+        slot.live, slot.retired, slot.dropped, doomed[:] = (
+            None, (), True, close,
+        )  # fmt: skip
 
     # -- calls --------------------------------------------------------------
 
+    @_locked
     def request(  # noqa: PLR0913, PLR0917 -- what a call knows.
         self,
         slot: Slot,
@@ -288,20 +320,20 @@ class Lifecycle(Generic[T]):
         new_done: Callable[[], object],
     ) -> Serve | Wait | Build:
         """Decide what a call for *key*, read at *epoch*, does next."""
-        with self.lock:
-            live = slot.live
-            if live is not None and live.matches(key_hash, key):
-                # Arm only if no watched variable changed since the key was
-                # read: invalidate() bumps the epoch under this lock.
-                if self.pushed and epoch == self.epoch and not self.overrides:
-                    self.switch(live.client)
-                return Serve(live)
-            if slot.build is not None:
-                return Wait(slot.build)
-            ticket = Ticket(slot, key_hash, key, owner, new_done(), self.name)
-            slot.build = ticket
-            return Build(ticket)
+        live = slot.live
+        if live is not None and live.matches(key_hash, key):
+            # Arm only if no watched variable changed since the key was
+            # read: invalidate() bumps the epoch under this lock.
+            if self.pushed and epoch == self.epoch and not self.overrides:
+                self.switch(live.client)
+            return Serve(live)
+        if slot.build is not None:
+            return Wait(slot.build)
+        ticket = Ticket(slot, key_hash, key, owner, new_done(), self.name)
+        slot.build = ticket
+        return Build(ticket)
 
+    @_locked
     def built(
         self,
         ticket: Ticket,
@@ -316,105 +348,104 @@ class Lifecycle(Generic[T]):
         must be closed is put in *doomed* in the same statement that
         commits, so it cannot be lost between the two.
         """
-        with self.lock:
-            if ticket.finished:
-                return
-            # Replacing a live client disarms first: nobody may be served
-            # a client whose close has started.
-            self.switch(None)
-            slot = ticket.slot
-            new: Record[T] = Record(client, ticket, self.generation + 1)
-            new.fingerprint = fingerprint
-            if slot.dropped:
-                # The slot's loop ended (or a fork dropped it) meanwhile.
-                (new.state, ticket.finished, doomed[:]) = (
-                    ClientState.CLOSED, True, [new],
-                )  # fmt: skip
-                return
-            old = slot.live
-            retired, out, state, box = self._retire(slot, old, keep=new)
-            build = None if slot.build is ticket else slot.build
-            (
-                slot.live, slot.build, slot.built_at, slot.retired,
-                box.state, self.generation, self.builds, ticket.record,
-                ticket.finished, doomed[:],
-            ) = (
-                new, build, now, retired,
-                state, new.generation, self.builds + 1, new,
-                True, out,
+        if ticket.finished:
+            return
+        # Replacing a live client disarms first: nobody may be served
+        # a client whose close has started.
+        self.switch(None)
+        slot = ticket.slot
+        new: Record[T] = Record(client, ticket, self.generation + 1)
+        new.fingerprint = fingerprint
+        if slot.dropped:
+            # The slot's loop ended (or a fork dropped it) meanwhile.
+            (new.state, ticket.finished, doomed[:]) = (
+                ClientState.CLOSED, True, [new],
             )  # fmt: skip
+            return
+        old = slot.live
+        retired, out, state, box = self._retire(slot, old, keep=new)
+        build = None if slot.build is ticket else slot.build
+        (
+            slot.live, slot.build, slot.built_at, slot.retired,
+            box.state, self.generation, self.builds, ticket.record,
+            ticket.finished, doomed[:],
+        ) = (
+            new, build, now, retired,
+            state, new.generation, self.builds + 1, new,
+            True, out,
+        )  # fmt: skip
 
+    @_locked
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
         """Record a build that raised *error* (None: it was cancelled)."""
-        with self.lock:
-            if ticket.finished:
-                return
-            slot = ticket.slot
-            build = None if slot.build is ticket else slot.build
-            failures = self.build_failures + (error is not None)
-            (
-                slot.build, self.build_failures, ticket.error, ticket.finished,
-            ) = (build, failures, error, True)  # fmt: skip
+        if ticket.finished:
+            return
+        slot = ticket.slot
+        build = None if slot.build is ticket else slot.build
+        failures = self.build_failures + (error is not None)
+        (
+            slot.build, self.build_failures, ticket.error, ticket.finished,
+        ) = (build, failures, error, True)  # fmt: skip
 
+    @_locked
     def lease(self, slot: Slot, record: Record[T]) -> bool:
         """Pin *record* if it is still live; return whether it was."""
-        with self.lock:
-            if record is not slot.live or record.state is not ClientState.LIVE:
-                return False
-            record.leases += 1
-            return True
+        if record is not slot.live or record.state is not ClientState.LIVE:
+            return False
+        record.leases += 1
+        return True
 
+    @_locked
     def unlease(self, record: Record[T], doomed: list[Record[T]]) -> None:
         """End a lease; a retired record whose last lease ends is doomed."""
-        with self.lock:
-            slot = record.slot
-            leases = record.leases - 1
-            if leases or record.state is not ClientState.RETIRED:
-                record.leases = leases
-                return
-            retired = tuple(r for r in slot.retired if r is not record)
-            out = [] if self._shared(record, self._holders()) else [record]
-            (record.leases, record.state, slot.retired, doomed[:]) = (
-                0, ClientState.CLOSED, retired, out,
-            )  # fmt: skip
+        slot = record.slot
+        leases = record.leases - 1
+        if leases or record.state is not ClientState.RETIRED:
+            record.leases = leases
+            return
+        retired = tuple(r for r in slot.retired if r is not record)
+        out = [] if self._shared(record, self._holders()) else [record]
+        (record.leases, record.state, slot.retired, doomed[:]) = (
+            0, ClientState.CLOSED, retired, out,
+        )  # fmt: skip
 
+    @_locked
     def reset(self, slot: Slot, now: float, doomed: list[Record[T]]) -> bool:
         """Retire *slot*'s live client unless rate-limited; say if it was."""
-        with self.lock:
-            live = slot.live
-            if live is None:
-                return False
-            if now - slot.built_at < self.min_interval:
-                self.resets_refused += 1
-                return False
-            self.switch(None)
-            retired, out, state, box = self._retire(slot, live, keep=None)
-            (slot.live, slot.retired, box.state, doomed[:]) = (
-                None, retired, state, out,
-            )  # fmt: skip
-            return True
+        live = slot.live
+        if live is None:
+            return False
+        if now - slot.built_at < self.min_interval:
+            self.resets_refused += 1
+            return False
+        self.switch(None)
+        retired, out, state, box = self._retire(slot, live, keep=None)
+        (slot.live, slot.retired, box.state, doomed[:]) = (
+            None, retired, state, out,
+        )  # fmt: skip
+        return True
 
+    @_locked
     def detach(self, doomed: list[Record[T]]) -> None:
         """Retire every slot's live client, ignoring the rate limit."""
-        with self.lock:
-            self.switch(None)
-            out: list[Record[T]] = []
-            for slot in list(self.slots.values()):
-                live = slot.live
-                if live is None:
-                    continue
-                retired, more, state, box = self._retire(slot, live, None)
-                slot.live, slot.retired, box.state = None, retired, state
-                out.extend(more)
-            doomed[:] = out
+        self.switch(None)
+        out: list[Record[T]] = []
+        for slot in list(self.slots.values()):
+            live = slot.live
+            if live is None:
+                continue
+            retired, more, state, box = self._retire(slot, live, None)
+            slot.live, slot.retired, box.state = None, retired, state
+            out.extend(more)
+        doomed[:] = out
 
+    @_locked
     def closed(self, *, ok: bool) -> None:
         """Count a close that ran (*ok*) or failed."""
-        with self.lock:
-            if ok:
-                self.closes += 1
-            else:
-                self.close_failures += 1
+        if ok:
+            self.closes += 1
+        else:
+            self.close_failures += 1
 
     def _retire(
         self, slot: Slot, old: Record[Any] | None, keep: Record[Any] | None
@@ -450,26 +481,24 @@ class Lifecycle(Generic[T]):
 
     # -- environment, overrides ---------------------------------------------
 
+    @_locked
     def invalidate(self) -> None:
         """A watched variable changed: disarm and outdate keys read before."""
-        with self.lock:
-            self.switch(None)
-            self.epoch += 1
+        self.switch(None)
+        self.epoch += 1
 
+    @_locked
     def push_override(self, token: object, obj: object) -> None:
         """Serve *obj* until the override named *token* is popped."""
-        with self.lock:
-            self.overrides = (*self.overrides, (token, obj))
-            if self.pushed:
-                self.switch(obj)
+        self.overrides = (*self.overrides, (token, obj))
+        if self.pushed:
+            self.switch(obj)
 
+    @_locked
     def pop_override(self, token: object) -> None:
         """End the override named *token*, wherever it is in the stack."""
-        with self.lock:
-            self.switch(None)
-            self.overrides = tuple(
-                o for o in self.overrides if o[0] is not token
-            )
+        self.switch(None)
+        self.overrides = tuple(o for o in self.overrides if o[0] is not token)
 
     # -- fork ---------------------------------------------------------------
 
@@ -498,21 +527,21 @@ class Lifecycle(Generic[T]):
 
     # -- inspection ---------------------------------------------------------
 
+    @_locked
     def statistics(self, slot: Slot | None) -> Statistics:
         """Return a snapshot; live fields describe *slot*."""
-        with self.lock:
-            live = None if slot is None else slot.live
-            records = list(self._holders())
-            return Statistics(
-                builds=self.builds,
-                build_failures=self.build_failures,
-                closes=self.closes,
-                close_failures=self.close_failures,
-                generation=0 if live is None else live.generation,
-                key_fingerprint=None if live is None else live.fingerprint,
-                pid=self.pid,
-                leases=sum(r.leases for r in records),
-                pending_close=sum(len(s.retired) for s in self.slots.values()),
-                resets_refused=self.resets_refused,
-                is_overridden=bool(self.overrides),
-            )
+        live = None if slot is None else slot.live
+        records = list(self._holders())
+        return Statistics(
+            builds=self.builds,
+            build_failures=self.build_failures,
+            closes=self.closes,
+            close_failures=self.close_failures,
+            generation=0 if live is None else live.generation,
+            key_fingerprint=None if live is None else live.fingerprint,
+            pid=self.pid,
+            leases=sum(r.leases for r in records),
+            pending_close=sum(len(s.retired) for s in self.slots.values()),
+            resets_refused=self.resets_refused,
+            is_overridden=bool(self.overrides),
+        )

@@ -20,6 +20,8 @@ _OWN = frozenset(
     (
         "_self_last",
         "_self_single",
+        "__copy__",
+        "__deepcopy__",
         "__reduce__",
         "__reduce_ex__",
         "__repr__",
@@ -64,6 +66,14 @@ class ClientProxy(_Base):
         if name == "__wrapped__":
             return client
         return getattr(client, name)
+
+    def __copy__(self) -> ClientProxy:
+        """A handle's copy is itself: it stands for the singleton."""
+        return self
+
+    def __deepcopy__(self, memo: object) -> ClientProxy:
+        """A handle's deep copy is itself, as the singleton's is."""
+        return self
 
     def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
         """Pickle by reference to the singleton, never the client."""

@@ -10,6 +10,7 @@ strand the client: it is closed when the singleton is collected, and
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import os
 import threading
@@ -53,6 +54,7 @@ class Entry:
 
 _entries: set[Entry] = set()
 _lock = threading.Lock()
+_orphans: collections.deque[Entry] = collections.deque()
 
 # Clients a forked child inherited: kept referenced so that no finalizer
 # ever runs on them in the child, because their sockets are the parent's.
@@ -61,13 +63,18 @@ abandoned: list[object] = []
 
 def register(owner: object, entry: Entry) -> None:
     """Track *entry* until *owner* (its singleton) is collected."""
-    with _lock:
-        _entries.difference_update(
-            [e for e in _entries if e.orphaned and not _holds(e)]
-        )
-        _entries.add(entry)
+    _drain()
+    # One line, so no injected exception can leave the lock held.
+    with _lock: _add(entry)  # noqa: E701  # fmt: skip
     finalizer = weakref.finalize(owner, _orphan, entry)
     finalizer.atexit = False  # close_all() runs at exit instead.
+
+
+def _add(entry: Entry) -> None:
+    _entries.difference_update(
+        [e for e in _entries if e.orphaned and not _holds(e)]
+    )
+    _entries.add(entry)
 
 
 def _holds(entry: Entry) -> bool:
@@ -79,8 +86,33 @@ def _holds(entry: Entry) -> bool:
 def _orphan(entry: Entry) -> None:
     # The singleton was collected: nothing can call it again, so its live
     # clients are retired and closed (leased ones when their lease ends).
+    # The collector runs this on whatever thread allocated, perhaps while
+    # that thread holds some other lock: it must never block on a lock.
     entry.orphaned = True
-    _close([entry])
+    _orphans.append(entry)
+    _drain()
+
+
+def _drain() -> None:
+    # Closes what orphans it can without blocking; an orphan whose lock is
+    # busy waits for the next registration or close_all().
+    for _ in range(len(_orphans)):
+        try:
+            entry = _orphans.popleft()
+        except IndexError:
+            return
+        lock = entry.life.lock
+        acquired = False
+        try:
+            # One line: nothing can interrupt between taking and noting.
+            acquired = lock.acquire(blocking=False)
+            if acquired:
+                _close([entry])
+            else:
+                _orphans.append(entry)
+        finally:
+            if acquired:
+                lock.release()
 
 
 def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
@@ -120,8 +152,7 @@ def close_all() -> None:
 
     .. versionadded:: 0.1
     """
-    with _lock:
-        entries = list(_entries)
+    with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
     _close(entries)
 
 
@@ -138,8 +169,7 @@ async def aclose_all() -> None:
 
     .. versionadded:: 0.1
     """
-    with _lock:
-        entries = list(_entries)
+    with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
     await arun_each(
         functools.partial(closer.aclose_anywhere, record)
         for record, closer in _detach(entries)

@@ -60,18 +60,27 @@ def waiting(owner: object, ticket: Ticket) -> Generator[None, None, None]:
     """
     if not ticket.finished and ticket in _building.get():
         raise ReentrantBuildError(ticket.name)
-    with _lock:
-        cycle = _cycle(owner, ticket)
-        if cycle is None:
-            _waiting[owner] = ticket
+    # Each `with` is one line: an exception injected at a line event
+    # cannot fall between a block's end and its exit (see _lifecycle).
+    with _lock: cycle = _enter(owner, ticket)  # noqa: E701  # fmt: skip
     if cycle is not None:
         raise ReentrantBuildError(ticket.name, cycle)
     try:
         yield
     finally:
-        with _lock:
-            if _waiting.get(owner) is ticket:
-                del _waiting[owner]
+        with _lock: _leave(owner, ticket)  # noqa: E701  # fmt: skip
+
+
+def _enter(owner: object, ticket: Ticket) -> tuple[str, ...] | None:
+    cycle = _cycle(owner, ticket)
+    if cycle is None:
+        _waiting[owner] = ticket
+    return cycle
+
+
+def _leave(owner: object, ticket: Ticket) -> None:
+    if _waiting.get(owner) is ticket:
+        del _waiting[owner]
 
 
 def _cycle(owner: object, ticket: Ticket) -> tuple[str, ...] | None:

@@ -1,0 +1,91 @@
+"""Forced interleavings: pause a thread, or raise in it, at a chosen line.
+
+These drive poolkeeper the way a hostile reviewer does: a ``sys.settrace``
+tracer installed in one thread stops it at a line of poolkeeper's code (to
+force a thread switch there) or raises an exception at the n-th line it
+runs (to cut a transition short at every possible point).
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from helpers import WAIT
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+import poolkeeper
+
+PACKAGE = str(Path(poolkeeper.__file__).parent)
+
+
+def _ours(frame) -> bool:
+    return frame.f_code.co_filename.startswith(PACKAGE)
+
+
+class Pause:
+    """Stops the traced thread the first time it reaches a matching line."""
+
+    def __init__(self, function: str, text: str) -> None:
+        self.function = function
+        self.text = text
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self._done = False
+
+    def tracer(self, frame, event, arg):
+        if event != "call" or frame.f_code.co_name != self.function:
+            return None
+        return self._line
+
+    def _line(self, frame, event, arg):
+        if event == "line" and not self._done:
+            source = linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno
+            )
+            if self.text in source:
+                self._done = True
+                self.reached.set()
+                assert self.release.wait(WAIT), "pause never released"
+        return self._line
+
+    def run(self, target: Callable[[], object]) -> Callable[[], object]:
+        """Wrap *target* so that it runs under this tracer."""
+
+        def traced() -> object:
+            sys.settrace(self.tracer)
+            try:
+                return target()
+            finally:
+                sys.settrace(None)
+
+        return traced
+
+
+class Inject:
+    """Raises *exc* at the *n*-th line poolkeeper runs once armed."""
+
+    def __init__(self, n: int, exc: type[BaseException]) -> None:
+        self.n = n
+        self.exc = exc
+        self.armed = False
+        self.seen = 0
+        self.fired: str | None = None
+
+    def tracer(self, frame, event, arg):
+        if event != "call" or not _ours(frame):
+            return None
+        return self._line
+
+    def _line(self, frame, event, arg):
+        if event == "line" and self.armed and self.fired is None:
+            self.seen += 1
+            if self.seen == self.n:
+                self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+                raise self.exc
+        return self._line
