@@ -74,7 +74,8 @@ clean:
 # --- Installing with an old pip; wrapt 1.17 and 2.x (issue 11) ---------
 # pip as Python 3.11's venv ships it (23.2.1), never upgraded, installs
 # both distributions from source; `pip check` must agree. Then the smoke
-# checks and the core suite run on wrapt 1.17.x, then on wrapt 2.x.
+# checks and the core suite run on wrapt 1.17.x (the adapter's suite too),
+# then on wrapt 2.x (the adapter's runs on 2.x in unit and sdk-matrix).
 PIPV := .venv-pip
 PIP_CORE_TESTS := cd tests && HYPOTHESIS_PROFILE=dev ../$(PIPV)/bin/python \
 	-m pytest -q -p no:cacheprovider --ignore=processes/test_ray.py
@@ -82,7 +83,8 @@ pip-compat:
 	rm -rf $(PIPV)
 	$(PYTHON) -m venv $(PIPV)
 	$(PIPV)/bin/python -m pip --version
-	$(PIPV)/bin/python -m pip install --quiet ./ ./adapters/daytona ".[test]"
+	$(PIPV)/bin/python -m pip install --quiet ./ "./adapters/daytona[test]" \
+		".[test]"
 	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -c "from poolkeeper_daytona import daytona_client; \
 		import daytona; daytona.Daytona; print(daytona_client)"
@@ -90,6 +92,7 @@ pip-compat:
 	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
 	$(PIP_CORE_TESTS)
+	cd adapters/daytona && ../../$(PIPV)/bin/python -m pytest -q
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=2"
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
 	$(PIP_CORE_TESTS)

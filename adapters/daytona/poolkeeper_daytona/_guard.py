@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import threading
 import warnings
@@ -39,6 +38,10 @@ class DaytonaInternalsWarning(PoolkeeperWarning):
 
 def sdk_version() -> str:
     """Return the installed ``daytona`` version, or ``"unknown"``."""
+    # Imported here: importlib.metadata costs dozens of modules, and is
+    # needed only for a warning.
+    import importlib.metadata  # noqa: PLC0415
+
     try:
         return importlib.metadata.version("daytona")
     except importlib.metadata.PackageNotFoundError:
