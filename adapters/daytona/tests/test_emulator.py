@@ -231,10 +231,12 @@ class TestFaults:
 
         daytona_emulator.drop_connections("flap")
 
+        # python-socketio retries with a 1 s delay doubling up to 30 s: a
+        # first attempt that fails under load puts the next seconds away.
         assert wait_for(
             lambda: 2 <= len(daytona_emulator.socketio_sessions("flap")),
-            timeout=10.0,
-        )
+            timeout=45.0,
+        ), daytona_emulator.socketio_sessions("flap")
 
 
 class TestEmulatorLifecycle:
