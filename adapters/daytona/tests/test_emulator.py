@@ -226,13 +226,18 @@ class TestFaults:
         self, make_client, daytona_emulator
     ):
         """Dropping a live websocket starts a new Socket.IO session."""
-        make_client(api_key="flap").create()
-        assert wait_for(lambda: daytona_emulator.socketio_sessions("flap"))
+        client = make_client(api_key="flap")
+        client.create()
+        # Drop only once the SDK saw its connect acknowledged: a websocket
+        # dropped during python-socketio's handshake (seen 14 ms after the
+        # server's connect, under CPU load) fails that connect, and nothing
+        # reconnects until the SDK's next subscription.
+        dispatcher = client._event_dispatcher
+        assert wait_for(lambda: dispatcher._connected, timeout=20.0)
 
         daytona_emulator.drop_connections("flap")
 
-        # python-socketio retries with a 1 s delay doubling up to 30 s: a
-        # first attempt that fails under load puts the next seconds away.
+        # python-socketio retries with a 1 s delay doubling up to 30 s.
         assert wait_for(
             lambda: 2 <= len(daytona_emulator.socketio_sessions("flap")),
             timeout=45.0,
