@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
 
 .PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit bench docs clean
+.PHONY: pip-compat sdk-matrix
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -62,10 +63,53 @@ core-only:
 	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
 		-p no:cacheprovider --ignore=processes/test_ray.py
 
-test: lint typecheck docs unit core-only demo-smoke
+test: lint typecheck docs unit core-only demo-smoke pip-compat sdk-matrix
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
 
 clean:
-	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CORE) $(PIPV) $(SDKV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# --- Installing with an old pip; wrapt 1.17 and 2.x (issue 11) ---------
+# pip as Python 3.11's venv ships it (23.2.1), never upgraded, installs
+# both distributions from source; `pip check` must agree. Then the smoke
+# checks and the core suite run on wrapt 1.17.x (the adapter's suite too),
+# then on wrapt 2.x (the adapter's runs on 2.x in unit and sdk-matrix).
+PIPV := .venv-pip
+PIP_CORE_TESTS := cd tests && HYPOTHESIS_PROFILE=dev ../$(PIPV)/bin/python \
+	-m pytest -q -p no:cacheprovider --ignore=processes/test_ray.py
+pip-compat:
+	rm -rf $(PIPV)
+	$(PYTHON) -m venv $(PIPV)
+	$(PIPV)/bin/python -m pip --version
+	$(PIPV)/bin/python -m pip install --quiet ./ "./adapters/daytona[test]" \
+		".[test]"
+	$(PIPV)/bin/python -m pip check
+	$(PIPV)/bin/python -c "from poolkeeper_daytona import daytona_client; \
+		import daytona; daytona.Daytona; print(daytona_client)"
+	$(PIPV)/bin/python -m pip install --quiet "wrapt>=1.17,<2"
+	$(PIPV)/bin/python -m pip check
+	$(PIPV)/bin/python .ci/wrapt_smoke.py
+	$(PIP_CORE_TESTS)
+	cd adapters/daytona && ../../$(PIPV)/bin/python -m pytest -q
+	$(PIPV)/bin/python -m pip install --quiet "wrapt>=2"
+	$(PIPV)/bin/python .ci/wrapt_smoke.py
+	$(PIP_CORE_TESTS)
+
+# --- The adapter on the oldest and newest daytona it declares ----------
+# Keep in step with adapters/daytona/pyproject.toml and the adapter's
+# TESTED_SDK_VERSIONS.
+SDK_LOWEST := 0.203.0
+SDK_NEWEST := 0.226.1
+SDKV := .venv-sdk
+sdk-matrix: venv
+	for v in $(SDK_LOWEST) $(SDK_NEWEST); do \
+		rm -rf $(SDKV) && $(PYTHON) -m venv $(SDKV) && \
+		$(BIN)/uv pip install --python $(SDKV)/bin/python --quiet \
+			. "./adapters/daytona[test]" "daytona==$$v" && \
+		$(SDKV)/bin/python -c "import importlib.metadata as m; \
+			assert m.version('daytona') == '$$v'" && \
+		(cd adapters/daytona && ../../$(SDKV)/bin/python -m pytest -q) \
+		|| exit 1; \
+	done

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     _Base = wrapt.ObjectProxy[Any]
 else:
@@ -19,14 +19,13 @@ _get = object.__getattribute__
 _OWN = frozenset(
     (
         "_self_last",
+        "_self_live",
         "_self_single",
         "__copy__",
         "__deepcopy__",
         "__reduce__",
         "__reduce_ex__",
         "__repr__",
-        "__wrapped_factory__",
-        "__wrapped_get__",
     )
 )
 
@@ -36,10 +35,15 @@ class ClientProxy(_Base):
 
     Code that stores "the client" in a closure or an attribute keeps this
     proxy instead, so it follows key rotation and never reaches a retired
-    client through an attribute. Operators that bypass attribute lookup
-    (``len()``, ``with``, calling the proxy) use the client resolved at the
-    latest attribute access.
+    client through an attribute. The protocols a client commonly speaks
+    (truth, ``len()``, iteration, ``in``, indexing, ``str()`` and calling)
+    resolve the live client too. Other operators (``with``, arithmetic,
+    comparison) use the client resolved at the latest access.
     """
+
+    # Works the same on wrapt 1.17 and 2.x: the proxy starts out wrapping
+    # None and never relies on wrapt 2's lazy __wrapped_factory__ hook,
+    # which wrapt 1.x ignores (there the first len() would see None).
 
     def __init__(self, single: Callable[[], object]) -> None:
         """Follow *single*; nothing is built until the proxy is used."""
@@ -47,22 +51,19 @@ class ClientProxy(_Base):
         self._self_single = single
         self._self_last: object = None
 
-    def __wrapped_get__(self) -> object:
-        # wrapt calls this while __wrapped__ is unset, i.e. on first use.
-        return self._self_single()
-
-    def __wrapped_factory__(self) -> None:
-        """Mark the proxy as lazy (wrapt then calls __wrapped_get__)."""
-
-    def __getattribute__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
-        """Look *name* up on the live client, rebuilding first if needed."""
-        if name in _OWN:
-            return _get(self, name)
+    def _self_live(self) -> Any:  # noqa: ANN401 -- the client's type.
         client = _get(self, "_self_single")()
         if client is not _get(self, "_self_last"):
             # Rare: keeps isinstance(), operators and __wrapped__ current.
             self._self_last = client
             self.__wrapped__ = client
+        return client
+
+    def __getattribute__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
+        """Look *name* up on the live client, rebuilding first if needed."""
+        if name in _OWN:
+            return _get(self, name)
+        client = _get(self, "_self_live")()
         if name == "__wrapped__":
             return client
         return getattr(client, name)
@@ -74,6 +75,34 @@ class ClientProxy(_Base):
     def __deepcopy__(self, memo: object) -> ClientProxy:
         """A handle's deep copy is itself, as the singleton's is."""
         return self
+
+    def __bool__(self) -> bool:
+        """Return the live client's truth value."""
+        return bool(self._self_live())
+
+    def __len__(self) -> int:
+        """Return ``len()`` of the live client."""
+        return len(self._self_live())
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate over the live client."""
+        return iter(self._self_live())
+
+    def __contains__(self, item: object) -> bool:
+        """Return whether *item* is in the live client."""
+        return item in self._self_live()
+
+    def __getitem__(self, key: object) -> Any:  # noqa: ANN401 -- the client's.
+        """Index the live client."""
+        return self._self_live()[key]
+
+    def __str__(self) -> str:
+        """Return ``str()`` of the live client."""
+        return str(self._self_live())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        """Call the live client."""
+        return self._self_live()(*args, **kwargs)
 
     def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
         """Pickle by reference to the singleton, never the client."""

@@ -10,11 +10,7 @@ from typing import Final
 import daytona
 from poolkeeper import process_singleton
 
-from poolkeeper_daytona._client import (
-    _config_from_environment,
-    _env_key,
-    _files_key,
-)
+from poolkeeper_daytona._client import _build, _env_key, _files_key
 from poolkeeper_daytona._guard import unrecognised
 
 __all__ = ["aclose_daytona", "async_daytona_client"]
@@ -70,4 +66,4 @@ async def async_daytona_client() -> daytona.AsyncDaytona:
 
     .. versionadded:: 0.1.0
     """
-    return daytona.AsyncDaytona(_config_from_environment())
+    return _build(daytona.AsyncDaytona)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import daytona
-from dotenv import dotenv_values
 from poolkeeper import fingerprint, keys, process_singleton
 
 from poolkeeper_daytona._close import _after_fork, close_daytona
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
 
     from poolkeeper import ProcessSingleton
+
+    _Client = TypeVar("_Client", daytona.Daytona, daytona.AsyncDaytona)
 
 __all__ = [
     "DEFAULT_API_KEY_FILE",
@@ -42,9 +44,11 @@ _ENV_VARS: Final = (
     "DAYTONA_OTEL_ENABLED",
     "DAYTONA_EXPERIMENTAL_OTEL_ENABLED",
 )
-# The SDK also reads DAYTONA_* values (never the API URL) from these files
-# in the working directory; .env.local wins over .env.
+# The SDK also reads DAYTONA_* values from these files in the working
+# directory; .env.local wins over .env (the API URL too, before 0.226).
 _DOTENV_FILES: Final = (".env.local", ".env")
+# The values that authenticate, in the SDK's order.
+_CREDENTIALS: Final = ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN")
 
 
 class DaytonaCredentialsError(ValueError):
@@ -114,42 +118,62 @@ def _files_key() -> Hashable:
     return (_file_keys(_key_file()), dotenv)
 
 
-def _dotenv_value(name: str) -> str | None:
-    for file_name in _DOTENV_FILES:
-        value = dotenv_values(file_name).get(name)
-        if value:
-            return value
+def _sdk_setting(name: str, files: list[dict[str, str | None]]) -> str | None:
+    """Read *name* with the SDK's precedence (its ``DaytonaEnvReader``).
+
+    A variable set in the process environment wins even when empty; else
+    the first dotenv file that has the name, even with an empty value.
+    """
+    value = os.environ.get(name)
+    if value is not None:
+        return value
+    for values in files:
+        if values.get(name) is not None:
+            return values[name]
     return None
 
 
-def _setting(name: str) -> str | None:
-    """Read *name* as the SDK does: process env, then dotenv files."""
-    return os.environ.get(name) or _dotenv_value(name)
+def _sdk_finds_credentials() -> bool:
+    """Whether ``daytona.Daytona()`` finds an API key or a JWT by itself."""
+    # Imported here: python-dotenv is needed only when a client is built.
+    from dotenv import dotenv_values  # noqa: PLC0415
+
+    files = [dotenv_values(name) for name in _DOTENV_FILES]
+    return any(_sdk_setting(name, files) for name in _CREDENTIALS)
 
 
-def _config_from_environment() -> daytona.DaytonaConfig:
-    api_key = _setting("DAYTONA_API_KEY")
-    jwt_token = _setting("DAYTONA_JWT_TOKEN")
-    organization_id = _setting("DAYTONA_ORGANIZATION_ID")
-    if not api_key and not jwt_token:
-        key_file = _key_file()
-        try:
-            api_key = key_file.read_text(encoding="utf-8").strip() or None
-        except OSError:
-            api_key = None
-        if api_key is None:
-            raise DaytonaCredentialsError(str(key_file))
-    return daytona.DaytonaConfig(
-        api_key=api_key,
-        jwt_token=None if api_key else jwt_token,
-        organization_id=organization_id,
-        # Like the SDK: the endpoint comes from the process environment
-        # only, never from a dotenv file in the working directory.
-        api_url=os.environ.get("DAYTONA_API_URL")
-        or os.environ.get("DAYTONA_SERVER_URL")
-        or None,
-        target=_setting("DAYTONA_TARGET"),
-    )
+def _key_from_file() -> str:
+    key_file = _key_file()
+    try:
+        api_key = key_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        api_key = ""
+    if not api_key:
+        raise DaytonaCredentialsError(str(key_file))
+    return api_key
+
+
+def _build(cls: type[_Client]) -> _Client:
+    """Build *cls* configured exactly as the SDK configures itself.
+
+    The SDK resolves every setting in its own constructor, so whatever a
+    release does (which variables, which dotenv files, which order) holds
+    unchanged. poolkeeper adds one thing: when the SDK would find no API
+    key and no JWT, the API key is read from the key file, and the SDK
+    still resolves everything else (URL, target, organization).
+    """
+    if _sdk_finds_credentials():
+        return cls()
+    config = daytona.DaytonaConfig(api_key=_key_from_file())
+    with warnings.catch_warnings():
+        # With a config but no api_url the SDK reads the deprecated
+        # config.server_url, which warns although nobody set it. The
+        # filter is process-wide for the moment of the build (builds are
+        # rare: once per key) and hides only that message.
+        warnings.filterwarnings(
+            "ignore", "[`']server_url[`'] is deprecated", DeprecationWarning
+        )
+        return cls(config)
 
 
 @process_singleton(
@@ -158,12 +182,13 @@ def _config_from_environment() -> daytona.DaytonaConfig:
 def daytona_client() -> daytona.Daytona:
     """Return the process's ``daytona.Daytona``, configured from the env.
 
-    Credentials are read as the SDK reads them: ``DAYTONA_API_KEY``, else
-    ``DAYTONA_JWT_TOKEN`` with ``DAYTONA_ORGANIZATION_ID`` (each from the
-    process environment, then ``.env.local`` and ``.env``), else the API key
-    stored in the file named by ``DAYTONA_API_KEY_FILE`` (default
-    ``~/.config/daytona/api_key``). ``DAYTONA_API_URL`` and
-    ``DAYTONA_TARGET`` select the endpoint and region.
+    The SDK configures the client itself, exactly as ``daytona.Daytona()``
+    does: each setting from the process environment, then ``.env.local``,
+    then ``.env`` in the working directory (the API URL from the process
+    environment only, since daytona 0.226). poolkeeper adds one fallback:
+    when the SDK would find neither ``DAYTONA_API_KEY`` nor
+    ``DAYTONA_JWT_TOKEN``, the API key is read from the file named by
+    ``DAYTONA_API_KEY_FILE`` (default ``~/.config/daytona/api_key``).
 
     The client is built once per process and reused by every thread. When
     any of those values changes (a rotated key in the environment or the key
@@ -172,11 +197,12 @@ def daytona_client() -> daytona.Daytona:
     its own and leaves the parent's untouched.
 
     Raises:
-        DaytonaCredentialsError: If no credentials are found.
+        DaytonaCredentialsError: If the SDK finds no credentials and the
+            key file is missing or empty.
 
     .. versionadded:: 0.1.0
     """
-    return daytona.Daytona(_config_from_environment())
+    return _build(daytona.Daytona)
 
 
 def _config_key(config: daytona.DaytonaConfig) -> str:

@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
-
-import engineio.base_client
-import socketio.base_client
 
 from poolkeeper_daytona._guard import unrecognised
 
@@ -38,6 +36,25 @@ _closed: weakref.WeakSet[Any] = weakref.WeakSet()
 # finalizer ever runs in the child (urllib3's pool finalizer takes a queue
 # lock that a parent thread may have held at fork time).
 _inherited: list[object] = []
+
+
+def _registry(module: str, name: str) -> list[Any]:
+    """Return a global client registry of python-socketio or -engineio.
+
+    Read from ``sys.modules``, never imported: importing socketio costs
+    hundreds of modules, and if the SDK never imported it no client of
+    it can exist. Importing inside the at-fork hook could also deadlock.
+    """
+    registry = getattr(sys.modules.get(module), name, None)
+    return registry if isinstance(registry, list) else []
+
+
+def _reconnecting_clients() -> list[Any]:
+    return _registry("socketio.base_client", "reconnecting_clients")
+
+
+def _connected_clients() -> list[Any]:
+    return _registry("engineio.base_client", "connected_clients")
 
 
 def close_daytona(client: object, *, timeout: float = 5.0) -> None:
@@ -99,8 +116,8 @@ def _after_fork(client: object) -> None:
         for sio in _socketio_clients_of(dispatcher):
             sio.reconnection = False
             eio = getattr(sio, "eio", None)
-            _unlink(socketio.base_client.reconnecting_clients, sio)
-            _unlink(engineio.base_client.connected_clients, eio)
+            _unlink(_reconnecting_clients(), sio)
+            _unlink(_connected_clients(), eio)
             _close_copy(getattr(getattr(eio, "ws", None), "sock", None))
     manager = getattr(client, "_subscription_manager", None)
     if manager is not None:
@@ -244,8 +261,8 @@ def _socketio_clients_of(dispatcher: object) -> list[Any]:
     current = getattr(dispatcher, "_sio", None)
     if current is not None:
         found[id(current)] = current
-    candidates = list(socketio.base_client.reconnecting_clients)
-    for eio in list(engineio.base_client.connected_clients):
+    candidates = list(_reconnecting_clients())
+    for eio in list(_connected_clients()):
         handler = getattr(eio, "handlers", {}).get("connect")
         candidates.append(getattr(handler, "__self__", None))
     for sio in candidates:
@@ -283,9 +300,9 @@ def _stop_socketio(sio: Any, deadline: float) -> None:  # noqa: ANN401
         sio.disconnect()
     if isinstance(task, threading.Thread) and task.is_alive():
         return  # Its own exit path unregisters it; never race that.
-    _unlink(socketio.base_client.reconnecting_clients, sio)
+    _unlink(_reconnecting_clients(), sio)
     if getattr(eio, "state", None) == "disconnected":
-        _unlink(engineio.base_client.connected_clients, eio)
+        _unlink(_connected_clients(), eio)
 
 
 def _unlink(registry: list[Any], item: object) -> None:

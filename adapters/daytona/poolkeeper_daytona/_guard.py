@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import threading
 import warnings
@@ -17,10 +16,11 @@ __all__ = [
     "unrecognised",
 ]
 
-#: The ``daytona`` releases whose private attributes ``close_daytona`` was
-#: tested against. Others are handled on a best-effort basis, and a warning
-#: is issued when an expected internal is missing.
-TESTED_SDK_VERSIONS: Final = ("0.226.1",)
+#: The ``daytona`` releases the adapter's suite runs on in CI: the oldest
+#: and the newest that its dependency range allows. Releases in between
+#: are handled on a best-effort basis, and a warning is issued when an
+#: internal that ``close_daytona`` uses is missing.
+TESTED_SDK_VERSIONS: Final = ("0.203.0", "0.226.1")
 
 _log = logging.getLogger("poolkeeper.daytona")
 _lock = threading.Lock()
@@ -38,6 +38,10 @@ class DaytonaInternalsWarning(PoolkeeperWarning):
 
 def sdk_version() -> str:
     """Return the installed ``daytona`` version, or ``"unknown"``."""
+    # Imported here: importlib.metadata costs dozens of modules, and is
+    # needed only for a warning.
+    import importlib.metadata  # noqa: PLC0415
+
     try:
         return importlib.metadata.version("daytona")
     except importlib.metadata.PackageNotFoundError:
@@ -61,8 +65,9 @@ def unrecognised(what: str) -> None:
         return
     warnings.warn(
         f"poolkeeper-daytona does not recognise {what} in daytona "
-        f"{sdk_version()} (tested: {', '.join(TESTED_SDK_VERSIONS)}); "
-        "it released what it could find. Upgrade poolkeeper-daytona.",
+        f"{sdk_version()} (tested on {' and '.join(TESTED_SDK_VERSIONS)}); "
+        "it released what it could find. Install a tested daytona "
+        "release, or report the daytona version to poolkeeper.",
         DaytonaInternalsWarning,
         stacklevel=4,
     )

@@ -16,6 +16,10 @@ from poolkeeper_daytona.testing import DaytonaEmulator, daytona_emulator
 
 __all__ = ["daytona_emulator"]
 
+# A user's project, run by test_recipe.py in a subprocess of its own: its
+# conftest hides the SDK, which must never happen in this process.
+collect_ignore = ["recipe_project"]
+
 # Exactly the variables the adapter keys on.
 _SDK_VARS = _ENV_VARS
 

@@ -126,15 +126,18 @@ class TestConcurrency:
         assert wait_for(lambda: daytona_emulator.socketio_sessions("shared"))
         assert 1 == len(daytona_emulator.socketio_sessions("shared"))
         posts = daytona_emulator.requests("shared", method="POST")
-        assert 8 == len(posts)
+        assert 8 == len(posts), f"POSTs seen: {posts}"
         # Eight concurrent creates need at most eight pooled connections.
+        # Each sent one POST; a status GET follows only when the SDK's
+        # "started" event did not arrive first, so only POSTs are counted.
         http = [
             c
             for c in daytona_emulator.connections("shared")
             if c.kind == "http"
         ]
-        assert len(http) <= 8
-        assert sum(c.requests for c in http) >= 16
+        assert 1 <= len(http) <= 8, f"HTTP connections seen: {http}"
+        served = sum(c.requests for c in http)
+        assert 8 <= served, f"{served} requests on {len(http)} connections"
 
 
 class TestKeyRotation:

@@ -1,9 +1,10 @@
-"""Test support: a Daytona API emulator and its pytest fixture.
+"""Test support: a Daytona API emulator and pytest fixtures.
 
-``daytona_emulator`` is a pytest fixture; it is imported lazily so that the
-emulator itself works without pytest installed. Use it from a conftest::
+``daytona_emulator`` and ``reset_singletons`` are pytest fixtures; they are
+imported lazily so that the emulator itself works without pytest
+installed. Use them from a conftest::
 
-    from poolkeeper_daytona.testing import daytona_emulator
+    from poolkeeper_daytona.testing import daytona_emulator, reset_singletons
 
 .. versionadded:: 0.1.0
 """
@@ -21,7 +22,10 @@ from poolkeeper_daytona.testing._records import (
 )
 
 if TYPE_CHECKING:
-    from poolkeeper_daytona.testing._fixture import daytona_emulator
+    from poolkeeper_daytona.testing._fixture import (
+        daytona_emulator,
+        reset_singletons,
+    )
 
 __all__ = [
     "ConnectionRecord",
@@ -30,14 +34,15 @@ __all__ = [
     "SocketIOSession",
     "client_id",
     "daytona_emulator",
+    "reset_singletons",
 ]
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - PEP 562 hook.
-    if name == "daytona_emulator":
+    if name in {"daytona_emulator", "reset_singletons"}:
         from poolkeeper_daytona.testing import _fixture  # noqa: PLC0415
 
-        return _fixture.daytona_emulator
+        return getattr(_fixture, name)
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,17 +39,33 @@ class FaultSettings:
         latency: Seconds added before answering each request.
         drop_mode: Accept new connections, then drop them at once.
         start_delay: Seconds a new sandbox stays ``creating``.
+        rate_limit_rate: Fraction of creates answered with 429.
+        retry_after: Seconds sent in the ``Retry-After`` header of a 429.
+        slow_rate: Fraction of creates answered *slow_seconds* late; the
+            sandbox is created at once, as an API that answers late does.
+        slow_seconds: The delay of a slow create's response.
     """
 
     failure_rate: float = 0.0
     latency: float = 0.0
     drop_mode: bool = False
     start_delay: float = 0.0
+    rate_limit_rate: float = 0.0
+    retry_after: float = 1.0
+    slow_rate: float = 0.0
+    slow_seconds: float = 0.0
 
 
-def _error(status: int, message: str) -> web.Response:
+def _error(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
     body = {"statusCode": status, "message": message, "error": message}
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _seconds(value: float) -> str:
+    """Format *value* for Retry-After: whole seconds, rounded up."""
+    return str(max(0, math.ceil(value)))
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -148,14 +165,27 @@ class EmulatorApp:
         )
 
     async def _create(self, request: web.Request) -> web.Response:
-        if self._rng.random() < self._faults.failure_rate:
+        faults = self._faults
+        if self._rng.random() < faults.failure_rate:
             return _error(503, "Injected failure")
+        # Draw only for the faults that are on, so that a seed gives the
+        # same 503s whether or not the other knobs exist.
+        if faults.rate_limit_rate and (
+            self._rng.random() < faults.rate_limit_rate
+        ):
+            retry_after = {"Retry-After": _seconds(faults.retry_after)}
+            return _error(429, "Injected rate limit", retry_after)
+        slow = bool(faults.slow_rate) and (
+            self._rng.random() < faults.slow_rate
+        )
         body = await request.json()
         owner = client_id(_bearer(request) or "")
         sandbox = self.store.create(
             owner, body if isinstance(body, dict) else {}
         )
-        self._later(self._faults.start_delay, sandbox, "started")
+        self._later(faults.start_delay, sandbox, "started")
+        if slow:
+            await asyncio.sleep(faults.slow_seconds)
         return web.json_response(sandbox.data)
 
     async def _get(self, request: web.Request) -> web.Response:

@@ -82,6 +82,10 @@ class DaytonaEmulator:
         start_delay: float = 0.0,
         api_keys: Collection[str] | None = None,
         max_lifetime: float = 600.0,
+        rate_limit_rate: float = 0.0,
+        retry_after: float = 1.0,
+        slow_rate: float = 0.0,
+        slow_seconds: float = 0.0,
     ) -> None:
         """Configure an emulator; :meth:`start` or ``with`` runs it.
 
@@ -93,21 +97,42 @@ class DaytonaEmulator:
             start_delay: Seconds a new sandbox stays ``creating``.
             api_keys: Tokens accepted; ``None`` accepts any non-empty one.
             max_lifetime: Seconds after which the emulator stops itself.
+            rate_limit_rate: Fraction of creates answered with HTTP 429.
+            retry_after: Seconds in the 429's ``Retry-After`` header
+                (rounded up to whole seconds).
+            slow_rate: Fraction of creates whose response is delayed by
+                *slow_seconds*; the sandbox exists at once, so a client
+                that timed out leaves one behind, as with the real API.
+            slow_seconds: The delay of a slow create's response.
 
         Raises:
             ValueError: If a rate, delay or lifetime is out of range.
         """
-        if not 0.0 <= failure_rate <= 1.0:
-            msg = "failure_rate must be within [0, 1]."
-            raise ValueError(msg)
-        if min(latency, start_delay) < 0 or max_lifetime <= 0:
-            msg = "latency and start_delay must be >= 0, max_lifetime > 0."
+        rates = {
+            "failure_rate": failure_rate,
+            "rate_limit_rate": rate_limit_rate,
+            "slow_rate": slow_rate,
+        }
+        for name, rate in rates.items():
+            if not 0.0 <= rate <= 1.0:
+                msg = f"{name} must be within [0, 1]."
+                raise ValueError(msg)
+        delays = (latency, start_delay, retry_after, slow_seconds)
+        if min(delays) < 0 or max_lifetime <= 0:
+            msg = (
+                "latency, start_delay, retry_after and slow_seconds must "
+                "be >= 0, max_lifetime > 0."
+            )
             raise ValueError(msg)
         self.faults: Final = FaultSettings(
             failure_rate=failure_rate,
             latency=latency,
             drop_mode=drop_mode,
             start_delay=start_delay,
+            rate_limit_rate=rate_limit_rate,
+            retry_after=retry_after,
+            slow_rate=slow_rate,
+            slow_seconds=slow_seconds,
         )
         self._rng = random.Random(seed)  # noqa: S311 - not cryptographic.
         self._api_keys = api_keys

@@ -1,9 +1,10 @@
-"""The ``daytona_emulator`` pytest fixture."""
+"""The ``daytona_emulator`` and ``reset_singletons`` pytest fixtures."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import poolkeeper
 import pytest
 
 from poolkeeper_daytona.testing._emulator import DaytonaEmulator
@@ -11,7 +12,7 @@ from poolkeeper_daytona.testing._emulator import DaytonaEmulator
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["daytona_emulator"]
+__all__ = ["daytona_emulator", "reset_singletons"]
 
 
 @pytest.fixture(name="daytona_emulator")
@@ -23,3 +24,21 @@ def daytona_emulator() -> Iterator[DaytonaEmulator]:
     """
     with DaytonaEmulator(max_lifetime=300.0) as emulator:
         yield emulator
+
+
+@pytest.fixture(name="reset_singletons")
+def reset_singletons() -> Iterator[None]:
+    """Close every singleton's client before and after the test.
+
+    Calls :func:`poolkeeper.close_all` on both sides, so no client built in
+    one test (from a fake SDK module, an emulator, an override's factory) is
+    seen by another. Build counters are per process and keep counting:
+    compare ``statistics().builds`` with its value at the start of a test.
+    Use it as ``@pytest.mark.usefixtures("reset_singletons")`` or make an
+    autouse fixture of your own that requests it.
+
+    .. versionadded:: 0.1.0
+    """
+    poolkeeper.close_all()
+    yield
+    poolkeeper.close_all()

@@ -1,0 +1,79 @@
+"""Importing the library costs little; the demo and test kit stay out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# What `from poolkeeper_daytona import daytona_client` may import beyond
+# what `import daytona, poolkeeper` imports by itself.
+_BUDGET = 40
+_HEAVY = ("socketio", "engineio", "aiohttp", "requests", "dotenv")
+
+
+def _modules_after(code: str) -> set[str]:
+    """Return sys.modules after running *code* in a fresh interpreter."""
+    script = (
+        f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+class TestImportCost:
+    """The client's import path stays small."""
+
+    def test_daytona_client_imports_at_most_40_more_modules(self):
+        """The library adds at most 40 modules to daytona and poolkeeper."""
+        base = _modules_after("import daytona, poolkeeper")
+        after = _modules_after("from poolkeeper_daytona import daytona_client")
+
+        extra = sorted(after - base)
+
+        assert len(extra) <= _BUDGET, (
+            f"{len(extra)} modules beyond daytona and poolkeeper: {extra}"
+        )
+
+    def test_demo_and_testing_kit_are_not_imported(self):
+        """Neither the demo, the emulator nor Socket.IO loads with it."""
+        base = _modules_after("import daytona, poolkeeper")
+        after = _modules_after(
+            "import poolkeeper_daytona\n"
+            "from poolkeeper_daytona import daytona_client, close_daytona"
+        )
+
+        extra = after - base
+        heavy = sorted(m for m in extra if m.split(".")[0] in _HEAVY)
+        private = {m.rpartition(".")[2] for m in extra}
+        demo = sorted(
+            private & {"_cli", "_demo", "_workload", "_chart", "_report"}
+        )
+        assert [] == heavy
+        assert [] == demo
+        assert "poolkeeper_daytona.testing" not in after
+
+    def test_building_a_client_still_works_after_the_lazy_import(self):
+        """A client built after the cheap import is a real daytona.Daytona."""
+        code = (
+            "import os\n"
+            "os.environ['DAYTONA_API_KEY'] = 'k'\n"
+            "os.environ['DAYTONA_API_URL'] = 'http://127.0.0.1:9/api'\n"
+            "os.environ['DAYTONA_USE_DEPRECATED_POLLING'] = 'true'\n"
+            "import warnings\n"
+            "warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from poolkeeper_daytona import daytona_client\n"
+            "import daytona\n"
+            "assert isinstance(daytona_client(), daytona.Daytona)\n"
+            "daytona_client.reset()\n"
+        )
+        after = _modules_after(code)
+
+        assert "daytona._sync.daytona" in after

@@ -1,0 +1,138 @@
+"""The recommended pattern for a client held per episode, for hours.
+
+An episode takes a ``lease()`` and hands the leased client to its
+threads. A key rotation during the episode builds a new client for
+everyone else; the episode's client stays open until the lease ends, so
+its sandboxes keep working. Afterwards the old client is closed, and a
+sandbox created before the rotation is reached again through the new
+client by its id.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import daytona
+from daytona_test_helpers import wait_for
+
+from poolkeeper_daytona import daytona_client
+
+_WORKERS = 4
+
+
+def _run_workers(target, count: int = _WORKERS) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def guarded(index: int) -> None:
+        try:
+            target(index)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=guarded, args=(i,)) for i in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+class TestEpisodeLease:
+    """A leased client outlives a rotation until its episode ends."""
+
+    def test_rotation_mid_episode_keeps_the_episode_client_open(
+        self, sdk_env, daytona_emulator
+    ):
+        """Threads of the episode keep working on the client they got."""
+        sdk_env.setenv("DAYTONA_API_KEY", "episode-old")
+        rotated = threading.Barrier(_WORKERS + 1)
+        before: list[daytona.Sandbox] = []
+        after: list[daytona.Sandbox] = []
+
+        with daytona_client.lease() as episode:
+
+            def work(index: int) -> None:
+                before.append(episode.create())
+                rotated.wait(10)  # The key rotates here.
+                rotated.wait(10)
+                after.append(episode.create())
+                before[index].refresh_data()
+
+            errors: list[BaseException] = []
+            worker_done = threading.Thread(
+                target=lambda: errors.extend(_run_workers(work))
+            )
+            worker_done.start()
+            rotated.wait(10)
+            sdk_env.setenv("DAYTONA_API_KEY", "episode-new")
+            fresh = daytona_client()
+            rotated.wait(10)
+            worker_done.join(30)
+
+            assert not worker_done.is_alive()
+            assert [] == errors
+            assert fresh is not episode
+            assert 1 == daytona_client.statistics().pending_close
+            # Everything of the episode went out with the old key.
+            posts = daytona_emulator.requests("episode-old", method="POST")
+            assert 2 * _WORKERS == len(posts)
+            assert [] == daytona_emulator.requests(
+                "episode-new", method="POST"
+            )
+            assert daytona_emulator.open_connections("episode-old")
+
+        # The episode ended: its client is closed now, not before.
+        assert 0 == daytona_client.statistics().pending_close
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("episode-old")
+        )
+
+        # A sandbox of the old client is reached through the new one.
+        again = daytona_client().get(before[0].id)
+        assert before[0].id == again.id
+        assert daytona_emulator.requests(
+            "episode-new", method="GET", path=f"/api/sandbox/{again.id}"
+        )
+
+    def test_each_episode_gets_the_client_live_at_its_start(
+        self, sdk_env, daytona_emulator
+    ):
+        """Episodes started after a rotation use the new client."""
+        sdk_env.setenv("DAYTONA_API_KEY", "ep-a")
+        with daytona_client.lease() as first:
+            sdk_env.setenv("DAYTONA_API_KEY", "ep-b")
+            with daytona_client.lease() as second:
+                assert first is not second
+                second.create()
+            first.create()
+
+        assert daytona_emulator.requests("ep-a", method="POST")
+        assert daytona_emulator.requests("ep-b", method="POST")
+        assert wait_for(lambda: not daytona_emulator.open_connections("ep-a"))
+        assert daytona_emulator.open_connections("ep-b")
+
+
+class TestProxyAcrossRotation:
+    """proxy() for code that must always use the live client."""
+
+    def test_proxy_held_by_threads_follows_the_rotation(
+        self, sdk_env, daytona_emulator
+    ):
+        """Calls through a stored proxy go out with the current key."""
+        sdk_env.setenv("DAYTONA_API_KEY", "proxy-old")
+        client = daytona_client.proxy()
+        assert [] == _run_workers(lambda _: client.create())
+
+        sdk_env.setenv("DAYTONA_API_KEY", "proxy-new")
+        assert [] == _run_workers(lambda _: client.create())
+
+        old = daytona_emulator.requests("proxy-old", method="POST")
+        new = daytona_emulator.requests("proxy-new", method="POST")
+        assert (_WORKERS, _WORKERS) == (len(old), len(new))
+        assert isinstance(client, daytona.Daytona)
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("proxy-old")
+        )
