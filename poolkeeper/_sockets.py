@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["release_sockets"]
 
-#: Objects examined per call, at most: a bound on the walk, not a limit
-#: any SDK client measured comes near (boto3's S3 client: ~15,000).
+#: Objects examined per call, at most: a bound on the walk. Measured: an
+#: httpx, OpenAI, requests, redis-py or urllib3 client reaches 11 to 54
+#: objects; boto3's S3 client about 34,000 (its service models).
 MAX_OBJECTS: Final = 200_000
 
 # Never followed: code, namespaces and shared registries. A client's

@@ -24,9 +24,16 @@ AWS_ENV = (
 )
 
 
+def release_s3(client: BaseClient) -> None:
+    """Release a forked child's copies of the client's pooled sockets."""
+    # The whole client reaches botocore's service models (some 34,000
+    # objects to walk); its HTTP session alone holds every connection.
+    release_sockets(client._endpoint.http_session)
+
+
 # boto3.client() shares a default session between threads; a session of
 # its own per build is the documented thread-safe way.
-@process_singleton(key=keys.env(*AWS_ENV), after_fork=release_sockets)
+@process_singleton(key=keys.env(*AWS_ENV), after_fork=release_s3)
 def s3() -> BaseClient:
     """Build an S3 client; botocore reads AWS_* variables and files."""
     return boto3.session.Session().client("s3")
