@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
 
-.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit bench docs clean
+.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit sdks bench docs clean
 .PHONY: pip-compat sdk-matrix
 
 $(BIN)/uv:
@@ -45,7 +45,7 @@ typecheck: venv
 		--verifytypes poolkeeper --ignoreexternal
 
 unit: venv
-	cd tests && ../$(BIN)/python -m pytest
+	cd tests && ../$(BIN)/python -m pytest --ignore=sdks
 	cd adapters/daytona && ../../$(BIN)/pytest
 
 # Warnings are errors, and every cross-reference must resolve (-n).
@@ -61,9 +61,16 @@ core-only:
 		--reinstall-package poolkeeper ".[test]"
 	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
 	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
-		-p no:cacheprovider --ignore=processes/test_ray.py
+		-p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks
 
-test: lint typecheck docs unit core-only demo-smoke pip-compat sdk-matrix
+# Real SDK clients (httpx, requests, urllib3, OpenAI, redis-py, boto3,
+# gRPC) against servers that tests/sdks starts on 127.0.0.1 and stops.
+# redis-server comes from the system (.ci/run installs it).
+sdks: venv
+	$(UV) ".[sdks]"
+	cd tests && ../$(BIN)/python -m pytest sdks -p no:cacheprovider
+
+test: lint typecheck docs unit sdks core-only demo-smoke pip-compat sdk-matrix
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py

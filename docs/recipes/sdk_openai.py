@@ -1,0 +1,29 @@
+"""OpenAI: one ``OpenAI`` per process, one ``AsyncOpenAI`` per loop."""
+
+from __future__ import annotations
+
+import openai
+
+from poolkeeper import keys, process_singleton
+from poolkeeper._sockets import release_sockets
+
+# Read by the OpenAI() constructor, plus what its httpx client reads.
+OPENAI_ENV = (
+    *("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID"),
+    *("OPENAI_PROJECT_ID", "OPENAI_WEBHOOK_SECRET", "OPENAI_CUSTOM_HEADERS"),
+    *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"),
+    *("http_proxy", "https_proxy", "all_proxy", "no_proxy"),
+    *("SSL_CERT_FILE", "SSL_CERT_DIR"),
+)
+
+
+@process_singleton(key=keys.env(*OPENAI_ENV), after_fork=release_sockets)
+def llm() -> openai.OpenAI:
+    """Build the client; OpenAI() reads its OPENAI_* variables."""
+    return openai.OpenAI(max_retries=0, timeout=10.0)
+
+
+@process_singleton(key=keys.env(*OPENAI_ENV), after_fork=release_sockets)
+async def async_llm() -> openai.AsyncOpenAI:
+    """Build the client of the running event loop."""
+    return openai.AsyncOpenAI(max_retries=0, timeout=10.0)

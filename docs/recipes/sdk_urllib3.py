@@ -1,0 +1,30 @@
+"""urllib3: one ``PoolManager`` per process; it has no ``close()``."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import urllib3
+
+from poolkeeper import keys, process_singleton
+from poolkeeper._sockets import release_sockets
+
+
+@process_singleton(
+    key=keys.env("UPSTREAM_CA_BUNDLE"),
+    close=urllib3.PoolManager.clear,  # closes every pooled connection
+    after_fork=release_sockets,
+)
+def http() -> urllib3.PoolManager:
+    """Build the pool manager."""
+    return urllib3.PoolManager(
+        maxsize=32, ca_certs=os.environ.get("UPSTREAM_CA_BUNDLE")
+    )
+
+
+# With functools.partial, say how to close it just the same: without
+# close=, poolkeeper finds no close() and a retired pool stays connected.
+pooled = process_singleton(
+    close=urllib3.PoolManager.clear, after_fork=release_sockets
+)(functools.partial(urllib3.PoolManager, maxsize=32))
