@@ -59,6 +59,8 @@ nitpick_ignore = [
     ("py:mod", "atexit"),
     ("py:class", "collections.abc.Callable"),
     ("py:class", "os.PathLike"),
+    ("py:class", "socket.socket"),
+    ("py:func", "os.dup2"),
     # The Daytona SDK's classes, documented by Daytona, not here.
     ("py:class", "daytona.Daytona"),
     ("py:class", "daytona.DaytonaConfig"),
@@ -71,9 +73,13 @@ nitpick_ignore = [
     ("py:class", "poolkeeper._decorator.T"),
     ("py:class", "poolkeeper._singleton.T"),
     ("py:class", "poolkeeper._async.T"),
-    # The private Protocol typing what process_singleton(...) returns when
-    # called with options (a decorator); it is not public API.
+    # The private classes typing what process_singleton(...) returns when
+    # called with options (a decorator); they are not public API, and the
+    # hooked one exists only for type checkers.
     ("py:class", "poolkeeper._decorator._Decorator"),
+    ("py:class", "_Decorator"),
+    ("py:class", "_HookedDecorator"),
+    ("py:class", "KeyOption"),
 ]
 
 # -- HTML ---------------------------------------------------------------------

@@ -6,6 +6,7 @@ from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._registry import aclose_all, close_all
 from poolkeeper._singleton import ProcessSingleton
+from poolkeeper._sockets import release_sockets
 from poolkeeper._stats import Statistics
 from poolkeeper._watch import unwatch, watch
 from poolkeeper.exceptions import (
@@ -30,6 +31,7 @@ __all__ = [
     "fingerprint",
     "keys",
     "process_singleton",
+    "release_sockets",
     "unwatch",
     "watch",
 ]

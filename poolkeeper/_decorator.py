@@ -6,7 +6,9 @@ import difflib
 import inspect
 from collections.abc import Callable, Coroutine
 from typing import (
+    TYPE_CHECKING,
     Any,
+    Generic,
     Literal,
     Protocol,
     TypeAlias,
@@ -21,6 +23,9 @@ from poolkeeper._singleton import ProcessSingleton, make
 from poolkeeper.keys import EnvKey
 
 T = TypeVar("T")
+# The client type a close= or after_fork= hook accepts: a hook for a wider
+# type (``object``) fits any factory, so decorators vary contravariantly.
+C_contra = TypeVar("C_contra", contravariant=True)
 
 _OPTIONS = ("after_fork", "close", "fork", "key", "min_rebuild_interval")
 
@@ -33,17 +38,40 @@ class _Decorator(Protocol):
     """What ``process_singleton(...)`` with options returns."""
 
     @overload
-    def __call__(  # type: ignore[overload-overlap]
+    def __call__(  # pyright: ignore[reportOverlappingOverload]
         self, factory: Callable[[], Coroutine[Any, Any, T]], /
     ) -> AsyncProcessSingleton[T]: ...
     @overload
     def __call__(self, factory: Callable[[], T], /) -> ProcessSingleton[T]: ...
 
 
+if TYPE_CHECKING:
+
+    class _HookedDecorator(Generic[C_contra]):
+        """What ``process_singleton(close=hook, ...)`` returns.
+
+        The factory's client type must be one the hooks accept: a hook
+        written for another client type is an error. Only type checkers
+        see this class; at run time the decorator is a plain function.
+        """
+
+        @overload
+        def __call__(
+            self: _HookedDecorator[T],
+            factory: Callable[[], Coroutine[Any, Any, T]],
+            /,
+        ) -> AsyncProcessSingleton[T]: ...
+        @overload
+        def __call__(
+            self: _HookedDecorator[T], factory: Callable[[], T], /
+        ) -> ProcessSingleton[T]: ...
+        def __call__(self, factory: Any, /) -> Any: ...
+
+
 # An async factory also matches Callable[[], T]; the first overload wins,
 # as intended, so the overlap is deliberate.
 @overload
-def process_singleton(  # type: ignore[overload-overlap]
+def process_singleton(  # pyright: ignore[reportOverlappingOverload]
     factory: Callable[[], Coroutine[Any, Any, T]], /
 ) -> AsyncProcessSingleton[T]: ...
 
@@ -52,17 +80,44 @@ def process_singleton(  # type: ignore[overload-overlap]
 def process_singleton(factory: Callable[[], T], /) -> ProcessSingleton[T]: ...
 
 
+# Hooks taking any object (or none) keep the factory's own client type.
 @overload
 def process_singleton(
     factory: None = None,
     /,
     *,
     key: KeyOption = None,
-    close: Callable[[Any], object] | None = None,
-    after_fork: Callable[[Any], object] | None = None,
+    close: Callable[[object], object] | None = None,
+    after_fork: Callable[[object], object] | None = None,
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
 ) -> _Decorator: ...
+
+
+@overload
+def process_singleton(
+    factory: None = None,
+    /,
+    *,
+    key: KeyOption = None,
+    close: Callable[[C_contra], object],
+    after_fork: Callable[[C_contra], object] | None = None,
+    fork: Literal["rebuild", "keep"] = "rebuild",
+    min_rebuild_interval: float = 0.0,
+) -> _HookedDecorator[C_contra]: ...
+
+
+@overload
+def process_singleton(
+    factory: None = None,
+    /,
+    *,
+    key: KeyOption = None,
+    close: None = None,
+    after_fork: Callable[[C_contra], object],
+    fork: Literal["rebuild", "keep"] = "rebuild",
+    min_rebuild_interval: float = 0.0,
+) -> _HookedDecorator[C_contra]: ...
 
 
 def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
@@ -75,7 +130,12 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
     **unknown: object,
-) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any] | _Decorator:
+) -> (
+    ProcessSingleton[Any]
+    | AsyncProcessSingleton[Any]
+    | _Decorator
+    | _HookedDecorator[Any]
+):
     """Make a zero-argument client factory a process-wide singleton.
 
     Use it bare (``@process_singleton``) or with options
@@ -103,12 +163,18 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             ``reset()`` retires nothing and returns ``False``.
         **unknown: Rejected with a clear error; every option is named.
 
+    Type checkers check both hooks against the factory's client type: a
+    hook written for another client fails ``mypy --strict`` and pyright.
+    Pass a method (``close=Client.shutdown``) or a typed function; an
+    unannotated ``lambda`` cannot be checked and is rejected there.
+
     Returns:
         The singleton, or a decorator making one.
 
     Raises:
-        TypeError: If the factory is not a zero-argument synchronous
-            callable, an option is unknown, or a hook is not callable.
+        TypeError: If the factory is not callable, takes required
+            parameters, or is a generator or async generator function;
+            if an option is unknown, or a hook is not callable.
         ValueError: If *fork* or *min_rebuild_interval* is out of range.
 
     .. versionadded:: 0.1

@@ -90,7 +90,7 @@ def release_sockets(client: object, /) -> int:
 
     The walk never follows classes, modules, functions, methods, weak
     references or loggers, skips listening and unconnected sockets,
-    takes no lock and examines at most :data:`MAX_OBJECTS` objects.
+    takes no lock and examines at most 200,000 objects.
 
     Args:
         client: The abandoned client (any object).

@@ -1,7 +1,5 @@
 """Hooks are typed with the client type: a hook for another type fails.
 
-Needs the hook-typed overloads of ``process_singleton`` (issue 12); until
-they land, pyproject.toml keeps this file out of mypy and pyright.
 Each ``# type: ignore[arg-type]`` below is an expected error: both
 checkers fail on an unused one.
 """
@@ -14,8 +12,8 @@ from poolkeeper import (
     AsyncProcessSingleton,
     ProcessSingleton,
     process_singleton,
+    release_sockets,
 )
-from poolkeeper._sockets import release_sockets
 
 
 class Client:

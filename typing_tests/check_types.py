@@ -30,7 +30,7 @@ def bare() -> Client:
 
 @process_singleton(
     key=(keys.env("API_KEY"), keys.file("/run/secrets/key")),
-    close=lambda c: c.close(),
+    close=Client.close,
     min_rebuild_interval=5,
 )
 def called() -> Client:

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING
 
 import boto3
 
-from poolkeeper import keys, process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import keys, process_singleton, release_sockets
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient

@@ -6,8 +6,7 @@ import os
 
 import httpx
 
-from poolkeeper import keys, process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import keys, process_singleton, release_sockets
 
 # httpx reads these itself (trust_env=True, the default): key on them too.
 HTTPX_ENV = (

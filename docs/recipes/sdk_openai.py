@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import openai
 
-from poolkeeper import keys, process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import keys, process_singleton, release_sockets
 
 # Read by the OpenAI() constructor, plus what its httpx client reads.
 OPENAI_ENV = (

@@ -7,8 +7,7 @@ import os
 import redis
 import redis.asyncio
 
-from poolkeeper import keys, process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import keys, process_singleton, release_sockets
 
 
 # redis-py reads no environment variable; REDIS_URL is the application's.

@@ -6,8 +6,7 @@ import os
 
 import requests
 
-from poolkeeper import keys, process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import keys, process_singleton, release_sockets
 
 # requests reads these on every request (trust_env=True, the default).
 REQUESTS_ENV = (

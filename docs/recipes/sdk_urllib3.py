@@ -7,8 +7,7 @@ import os
 
 import urllib3
 
-from poolkeeper import keys, process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import keys, process_singleton, release_sockets
 
 
 @process_singleton(

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from sdk_fork import Forked
 
-from poolkeeper import process_singleton
-from poolkeeper._sockets import release_sockets
+from poolkeeper import process_singleton, release_sockets
 
 QUIET = 0.3  # seconds of silence that show nothing was sent
 
