@@ -1,35 +1,69 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
-# Each bootstraps .venv with the interpreter in $(PYTHON).
+# Each bootstraps what it needs with the interpreter in $(PYTHON); a venv is
+# reinstalled only when the packages' sources or metadata change (a stamp
+# file per venv records the last install).
 
 PYTHON ?= python3
+# Lowest branch coverage of the core (forked children counted) that passes.
+COVERAGE_MIN ?= 98
+# The CPython versions CI runs on; an absent interpreter is skipped with a
+# line saying so. Each needs $(PYENV_ROOT)/versions/<version>/bin/python.
+PYENV_ROOT ?= $(HOME)/.pyenv
+MATRIX ?= 3.10.13 3.11.7 3.12.1 3.13.0
+# Options for the demo: make demo ARGS="--threads 4 --attempts 60".
+ARGS ?=
+
+# One uv for every venv, in its own tools venv.
+TOOLS := .venv-tools
+UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
-UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
+# What an install copies: a change to any of these reinstalls.
+SOURCES := pyproject.toml poolkeeper-watch.pth adapters/daytona/pyproject.toml \
+	$(shell find poolkeeper adapters/daytona/poolkeeper_daytona \
+		-name '*.py' -o -name py.typed)
+PACKAGES := --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
+	. ./adapters/daytona
+ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
 
-.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit bench docs clean
+.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit \
+	unit-core unit-adapter doctest matrix bench docs sdist clean
 
-$(BIN)/uv:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip uv
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip uv
 
-# Install the packages as users get them (not the source tree), so the
-# tests exercise what a wheel ships.
-venv: $(BIN)/uv
-	$(UV) --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
-		".[test,lint,bench,docs,ray]" "./adapters/daytona[test]"
+# The development venv: both packages as users get them (wheels, not the
+# source tree), so the tests exercise what a wheel ships, plus every tool.
+$(VENV)/.installed: $(UV) $(SOURCES)
+	test -x $(BIN)/python || $(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
+	$(UV) pip install --python $(BIN)/python --quiet $(PACKAGES) \
+		--group dev $(ADAPTER_TEST)
+	touch $@
 
-# The incident and its fix, live, on the embedded Daytona emulator.
-demo: venv
-	$(BIN)/poolkeeper-daytona demo
+venv: $(VENV)/.installed
 
-quickstart: venv
-	$(BIN)/python examples/quickstart.py
+# The incident and its fix, live, on the embedded Daytona emulator. Its
+# venv holds the two packages, the SDK and matplotlib (the PNG chart);
+# no development tools.
+DEMO := .venv-demo
+$(DEMO)/.installed: $(UV) $(SOURCES)
+	test -x $(DEMO)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(DEMO)
+	$(UV) pip install --python $(DEMO)/bin/python --quiet $(PACKAGES) \
+		--group demo
+	touch $@
+
+demo: $(DEMO)/.installed
+	$(DEMO)/bin/poolkeeper-daytona demo $(ARGS)
+
+quickstart: $(DEMO)/.installed
+	$(DEMO)/bin/python examples/quickstart.py
 
 # The demo doubles as a smoke test: it exits 1 if the pooled phase's fds
 # grow. Small settings keep it short.
-demo-smoke: venv
-	$(BIN)/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
-	$(BIN)/python examples/quickstart.py
+demo-smoke: $(DEMO)/.installed
+	$(DEMO)/bin/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
+	$(DEMO)/bin/python examples/quickstart.py
 
 lint: venv
 	$(BIN)/ruff check .
@@ -43,9 +77,25 @@ typecheck: venv
 	cd /tmp && PATH="$(CURDIR)/$(BIN):$$PATH" pyright \
 		--verifytypes poolkeeper --ignoreexternal
 
-unit: venv
-	cd tests && ../$(BIN)/python -m pytest
+# The core suite under coverage: branch coverage of the installed package,
+# subprocesses and forked children included (coverage's patch = fork,
+# _exit and subprocess), at least $(COVERAGE_MIN) %.
+COVERAGE := $(CURDIR)/$(BIN)/python -m coverage
+unit-core: venv
+	rm -f .coverage .coverage.*
+	cd tests && COVERAGE_FILE=$(CURDIR)/.coverage \
+		$(COVERAGE) run --rcfile=$(CURDIR)/pyproject.toml -m pytest
+	$(COVERAGE) combine --quiet --rcfile=pyproject.toml
+	$(COVERAGE) report --rcfile=pyproject.toml --fail-under=$(COVERAGE_MIN)
+
+unit-adapter: venv
 	cd adapters/daytona && ../../$(BIN)/pytest
+
+unit: unit-core unit-adapter
+
+# Every code block of README.md and docs/ runs (Sybil; see conftest.py).
+doctest: venv
+	$(BIN)/python -m pytest -p no:cacheprovider README.md docs
 
 # Warnings are errors, and every cross-reference must resolve (-n).
 docs: venv
@@ -53,19 +103,55 @@ docs: venv
 
 # The core alone, as a user without any SDK gets it: no daytona, no Ray.
 CORE := .venv-core
-core-only:
-	test -x $(CORE)/bin/uv || ($(PYTHON) -m venv $(CORE) && \
-		$(CORE)/bin/python -m pip install --quiet --upgrade pip uv)
-	$(CORE)/bin/uv pip install --python $(CORE)/bin/python --quiet \
-		--reinstall-package poolkeeper ".[test]"
+$(CORE)/.installed: $(UV) $(SOURCES)
+	test -x $(CORE)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(CORE)
+	$(UV) pip install --python $(CORE)/bin/python --quiet \
+		--reinstall-package poolkeeper . --group test
+	touch $@
+
+core-only: $(CORE)/.installed
 	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
 	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
 		-p no:cacheprovider --ignore=processes/test_ray.py
 
-test: lint typecheck docs unit core-only demo-smoke
+# The core and adapter suites on each CPython of $(MATRIX), each in its own
+# venv (.venv-py<version>), the state machines with fewer examples.
+.venv-py%/.installed: $(UV) $(SOURCES)
+	test -x $(@D)/bin/python || $(UV) venv --quiet \
+		--python $(PYENV_ROOT)/versions/$*/bin/python $(@D)
+	$(UV) pip install --python $(@D)/bin/python --quiet $(PACKAGES) \
+		--group test $(ADAPTER_TEST)
+	touch $@
+
+py-%:
+	@if [ ! -x $(PYENV_ROOT)/versions/$*/bin/python ]; then \
+		echo "SKIPPED CPython $*: no $(PYENV_ROOT)/versions/$*/bin/python"; \
+		exit 0; \
+	fi; \
+	$(MAKE) --no-print-directory .venv-py$*/.installed || exit 1; \
+	status=0; \
+	(cd tests && HYPOTHESIS_PROFILE=dev ../.venv-py$*/bin/python -m pytest \
+		-q -p no:cacheprovider --ignore=processes/test_ray.py) || status=1; \
+	(cd adapters/daytona && ../../.venv-py$*/bin/python -m pytest -q) \
+		|| status=1; \
+	exit $$status
+
+matrix: $(addprefix py-,$(MATRIX))
+
+# Every target runs, whatever failed before it; a summary lists them all.
+test:
+	@.ci/run-targets lint typecheck docs doctest unit-core unit-adapter \
+		core-only demo-smoke sdist $(addprefix py-,$(MATRIX))
+
+# The core's sdist holds the core's files only.
+sdist: venv
+	rm -rf dist/sdist-check
+	$(UV) build --quiet --sdist --out-dir dist/sdist-check .
+	$(BIN)/python .ci/check_sdist.py dist/sdist-check/*.tar.gz
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
 
 clean:
-	rm -rf $(VENV) $(CORE) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) .venv-py* dist .pytest_cache \
+		.mypy_cache .ruff_cache .hypothesis .coverage .coverage.*
