@@ -11,6 +11,8 @@ what a wheel ships.
 
 from __future__ import annotations
 
+from typing import Any
+
 import poolkeeper
 
 project = "poolkeeper"
@@ -58,6 +60,8 @@ nitpick_ignore = [
     ("py:func", "inspect.signature"),
     ("py:mod", "atexit"),
     ("py:class", "collections.abc.Callable"),
+    ("py:class", "contextlib.AbstractContextManager"),
+    ("py:class", "contextlib.AbstractAsyncContextManager"),
     ("py:class", "os.PathLike"),
     # The Daytona SDK's classes, documented by Daytona, not here.
     ("py:class", "daytona.Daytona"),
@@ -81,3 +85,49 @@ nitpick_ignore = [
 html_theme = "furo"
 html_title = f"poolkeeper {release}"
 html_static_path = ["_static"]
+
+# -- signatures as callers see them ------------------------------------------
+
+# lease() and override() are @contextmanager generators: callers get a
+# context manager, which is what the reference should say.
+_CONTEXT_MANAGERS = {
+    "Generator[T]": "~contextlib.AbstractContextManager[T]",
+    "AsyncGenerator[T]": "~contextlib.AbstractAsyncContextManager[T]",
+}
+# process_singleton's implementation signature has **unknown (to reject a
+# misspelt option with a suggestion) and returns a private Protocol; its
+# callers see the overloads, summed up here.
+_SINGLETON = "ProcessSingleton[T] | AsyncProcessSingleton[T]"
+_PROCESS_SINGLETON_RETURNS = (
+    f"{_SINGLETON} | "
+    f"~collections.abc.Callable[[~collections.abc.Callable[[], T]], "
+    f"{_SINGLETON}]"
+)
+
+
+# Sphinx's event signature: seven positional arguments.
+def _public_signature(
+    _app: object,
+    _what: str,
+    name: str,
+    _obj: object,
+    _options: object,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None]:
+    if name.rpartition(".")[2] in {"lease", "override"}:
+        return signature, _CONTEXT_MANAGERS.get(
+            return_annotation or "", return_annotation
+        )
+    if name == "poolkeeper.process_singleton" and signature is not None:
+        signature = signature.replace(", **unknown: object", "")
+        signature = signature.replace(
+            "Callable[[], ~typing.Any] | None", "Callable[[], T] | None"
+        )
+        return signature, _PROCESS_SINGLETON_RETURNS
+    return signature, return_annotation
+
+
+def setup(app: Any) -> None:  # noqa: ANN401 -- sphinx.application.Sphinx.
+    """Register the signature fix-ups."""
+    app.connect("autodoc-process-signature", _public_signature)

@@ -314,8 +314,14 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
     ``openai.OpenAI`` and ``AsyncOpenAI``, ``anthropic.Anthropic`` and
     ``AsyncAnthropic``, boto3 clients (``botocore.client.BaseClient``) and
     ``redis.Redis``. Watching a name again sets its *limit*. Setting the
-    environment variable ``POOLKEEPER_WATCH=1`` calls ``watch()`` when
-    poolkeeper is imported (``POOLKEEPER_WATCH_LIMIT`` sets the limit).
+    environment variable ``POOLKEEPER_WATCH=1`` calls ``watch()`` at
+    interpreter startup, through the ``poolkeeper-watch.pth`` file the
+    wheel installs, so it works in programs that never import poolkeeper
+    (``POOLKEEPER_WATCH_LIMIT`` sets the limit).
+
+    The watchdog never breaks the program it watches: a failure inside it
+    is logged once on the ``poolkeeper`` logger, never raised. Only the
+    warning itself can become an error, if the warning filters say so.
 
     Only construction is slowed down, by a few microseconds; method calls
     on the clients are untouched.
