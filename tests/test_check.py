@@ -235,7 +235,12 @@ class TestConfig:
 
     @pytest.mark.parametrize(
         "table",
-        ['clients = "mysdk:Client"', 'clients = ["mysdk"]', "colour = 1"],
+        [
+            'clients = "mysdk:Client"',
+            'clients = ["mysdk"]',
+            "colour = 1",
+            "clients = [",
+        ],
     )
     def test_bad_config(self, tmp_path, capsys, table):
         """A malformed table is a usage error."""
@@ -277,6 +282,13 @@ class TestExitStatus:
         codes = [line.split()[1] for line in out.splitlines()]
         assert ["PK000", "PK001", "PK002"] == codes
         assert "Could not check 1 file(s)." in err
+
+    def test_unreadable_file(self, tmp_path, capsys):
+        """A file that cannot be read (a dangling link) is PK000: 2."""
+        (tmp_path / "gone.py").symlink_to(tmp_path / "missing.py")
+        assert 2 == main(["check", str(tmp_path)])
+        out = capsys.readouterr().out
+        assert out.startswith(f"{tmp_path / 'gone.py'}:1:1: PK000 cannot")
 
     def test_head_closes_the_pipe(self, tmp_path):
         """Piping into a reader that stops early ends without a traceback."""

@@ -384,6 +384,18 @@ class TestNeverBreaksTheProgram:
         assert f"cannot patch {name}:Client" in caplog.text
 
 
+class TestNotAClass:
+    """A name that is not a class is logged when its module is imported."""
+
+    def test_function(self, sdk, caplog):
+        """Watching a function patches nothing and says so."""
+        poolkeeper.watch(f"{sdk}:make")
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            module = importlib.import_module(sdk)
+        assert f"{sdk}:make is not a class" in caplog.text
+        assert 0 == module.make().number
+
+
 class TestWatchWithoutImport:
     """POOLKEEPER_WATCH=1 works in a program that never imports poolkeeper.
 
@@ -402,6 +414,19 @@ class TestWatchWithoutImport:
         env = {**os.environ, "POOLKEEPER_WATCH": "1"}
         done = _run_python("-c", self._PROBE, env=env)
         assert ("True\n", "") == (done.stdout, done.stderr)
+
+    @pytest.mark.parametrize("raw", ["many", "0"])
+    def test_bad_limit(self, raw):
+        """A bad POOLKEEPER_WATCH_LIMIT is logged; the default limit holds."""
+        env = {**os.environ, "POOLKEEPER_WATCH": "1"}
+        env["POOLKEEPER_WATCH_LIMIT"] = raw
+        probe = (
+            "import sys; w = sys.modules['poolkeeper._watch']; "
+            "print(w._targets['httpx:Client'].limit)"
+        )
+        done = _run_python("-c", probe, env=env)
+        assert "3\n" == done.stdout
+        assert f"POOLKEEPER_WATCH_LIMIT={raw!r} is not" in done.stderr
 
     @pytest.mark.parametrize("value", ["0", "", None])
     def test_unset(self, value):
