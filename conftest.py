@@ -14,6 +14,7 @@ by an invisible block at the top of the page.
 ``console`` blocks are not run (they install, build or run for minutes).
 What they name is checked instead: a ``make`` target must exist (``make
 -n``), and a path such as ``benchmarks/bench_build.py`` must exist.
+``toml`` blocks must parse.
 
 A block that cannot run here is preceded by ``skip: next "reason"``;
 pytest reports it as skipped, with the reason (``-ra``).
@@ -27,11 +28,14 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ROOT = Path(__file__).parent
 FAKE_ENVIRON = {
@@ -191,24 +195,37 @@ def _check_console(example: Example) -> None:
                     assert (ROOT / path).exists(), f"{command!r}: no {path}"
 
 
-class ConsoleParser:
-    """Find ``console`` blocks; :func:`_check_console` checks each one."""
+def _check_toml(example: Example) -> None:
+    """Check that a ``toml`` block parses."""
+    import tomllib  # noqa: PLC0415 -- 3.11+; the doc tests run on 3.11.
 
-    def __init__(self) -> None:
-        self.lexer = FencedCodeBlockLexer("console")
+    tomllib.loads(str(example.parsed))
+
+
+class BlockParser:
+    """Find the blocks of one *language*; *check* checks each one."""
+
+    def __init__(
+        self, language: str, check: Callable[[Example], None]
+    ) -> None:
+        self.lexer = FencedCodeBlockLexer(language)
+        self.check = check
 
     def __call__(self, document: Document) -> list[Region]:
-        """Return one region per console block of *document*."""
+        """Return one region per block of *document*."""
         return [
-            Region(
-                lexed.start, lexed.end, lexed.lexemes["source"], _check_console
-            )
+            Region(lexed.start, lexed.end, lexed.lexemes["source"], self.check)
             for lexed in self.lexer(document)
         ]
 
 
 def _parsers() -> list[Any]:
-    return [PythonCodeBlockParser(), SkipParser(), ConsoleParser()]
+    return [
+        PythonCodeBlockParser(),
+        SkipParser(),
+        BlockParser("console", _check_console),
+        BlockParser("toml", _check_toml),
+    ]
 
 
 # The Daytona page runs the real SDK (which imports the real httpx): no
