@@ -11,6 +11,7 @@ what a wheel ships.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import poolkeeper
@@ -89,11 +90,21 @@ html_static_path = ["_static"]
 # -- signatures as callers see them ------------------------------------------
 
 # lease() and override() are @contextmanager generators: callers get a
-# context manager, which is what the reference should say.
-_CONTEXT_MANAGERS = {
-    "Generator[T]": "~contextlib.AbstractContextManager[T]",
-    "AsyncGenerator[T]": "~contextlib.AbstractAsyncContextManager[T]",
-}
+# context manager, which is what the reference should say. Matches
+# Generator[T], Generator[T, None, None] and AsyncGenerator[T, None].
+_GENERATOR = re.compile(r"^(?:~?[\w.]*\.)?(Async)?Generator\[([^,\]]+)")
+
+
+def _context_manager(annotation: str | None) -> str | None:
+    match = _GENERATOR.match(annotation or "")
+    if match is None:
+        return annotation
+    kind = (
+        "AbstractAsyncContextManager" if match[1] else "AbstractContextManager"
+    )
+    return f"~contextlib.{kind}[{match[2]}]"
+
+
 # process_singleton's implementation signature has **unknown (to reject a
 # misspelt option with a suggestion) and returns a private Protocol; its
 # callers see the overloads, summed up here.
@@ -116,9 +127,7 @@ def _public_signature(
     return_annotation: str | None,
 ) -> tuple[str | None, str | None]:
     if name.rpartition(".")[2] in {"lease", "override"}:
-        return signature, _CONTEXT_MANAGERS.get(
-            return_annotation or "", return_annotation
-        )
+        return signature, _context_manager(return_annotation)
     if name == "poolkeeper.process_singleton" and signature is not None:
         signature = signature.replace(", **unknown: object", "")
         signature = signature.replace(
