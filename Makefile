@@ -1,36 +1,70 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
-# Each bootstraps .venv with the interpreter in $(PYTHON).
+# Each bootstraps what it needs with the interpreter in $(PYTHON); a venv is
+# reinstalled only when the packages' sources or metadata change (a stamp
+# file per venv records the last install).
 
 PYTHON ?= python3
+# Lowest branch coverage of the core (forked children counted) that passes.
+COVERAGE_MIN ?= 98
+# The CPython versions CI runs on; an absent interpreter is skipped with a
+# line saying so. Each needs $(PYENV_ROOT)/versions/<version>/bin/python.
+PYENV_ROOT ?= $(HOME)/.pyenv
+MATRIX ?= 3.10.13 3.11.7 3.12.1 3.13.0
+# Options for the demo: make demo ARGS="--threads 4 --attempts 60".
+ARGS ?=
+
+# One uv for every venv, in its own tools venv.
+TOOLS := .venv-tools
+UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
-UV := $(BIN)/uv pip install --python $(BIN)/python --quiet
+# What an install copies: a change to any of these reinstalls.
+SOURCES := pyproject.toml poolkeeper-watch.pth adapters/daytona/pyproject.toml \
+	$(shell find poolkeeper adapters/daytona/poolkeeper_daytona \
+		-name '*.py' -o -name py.typed)
+PACKAGES := --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
+	. ./adapters/daytona
+ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
 
-.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit sdks bench docs clean
-.PHONY: pip-compat sdk-matrix
+.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit \
+	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
+	bench docs sdist clean
 
-$(BIN)/uv:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip uv
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --upgrade pip uv
 
-# Install the packages as users get them (not the source tree), so the
-# tests exercise what a wheel ships.
-venv: $(BIN)/uv
-	$(UV) --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
-		".[test,lint,bench,docs,ray]" "./adapters/daytona[test]"
+# The development venv: both packages as users get them (wheels, not the
+# source tree), so the tests exercise what a wheel ships, plus every tool.
+$(VENV)/.installed: $(UV) $(SOURCES)
+	test -x $(BIN)/python || $(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
+	$(UV) pip install --python $(BIN)/python --quiet $(PACKAGES) \
+		--group dev --group sdks $(ADAPTER_TEST)
+	touch $@
 
-# The incident and its fix, live, on the embedded Daytona emulator.
-demo: venv
-	$(BIN)/poolkeeper-daytona demo
+venv: $(VENV)/.installed
 
-quickstart: venv
-	$(BIN)/python examples/quickstart.py
+# The incident and its fix, live, on the embedded Daytona emulator. Its
+# venv holds the two packages, the SDK and matplotlib (the PNG chart);
+# no development tools.
+DEMO := .venv-demo
+$(DEMO)/.installed: $(UV) $(SOURCES)
+	test -x $(DEMO)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(DEMO)
+	$(UV) pip install --python $(DEMO)/bin/python --quiet $(PACKAGES) \
+		--group demo
+	touch $@
+
+demo: $(DEMO)/.installed
+	$(DEMO)/bin/poolkeeper-daytona demo $(ARGS)
+
+quickstart: $(DEMO)/.installed
+	$(DEMO)/bin/python examples/quickstart.py
 
 # The demo doubles as a smoke test: it exits 1 if the pooled phase's fds
 # grow. Small settings keep it short.
-demo-smoke: venv
-	$(BIN)/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
-	$(BIN)/python examples/quickstart.py
+demo-smoke: $(DEMO)/.installed
+	$(DEMO)/bin/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
+	$(DEMO)/bin/python examples/quickstart.py
 
 lint: venv
 	$(BIN)/ruff check .
@@ -44,9 +78,33 @@ typecheck: venv
 	cd /tmp && PATH="$(CURDIR)/$(BIN):$$PATH" pyright \
 		--verifytypes poolkeeper --ignoreexternal
 
-unit: venv
+# The core suite, its state machines at full strength. tests/sdks runs
+# in its own target (sdks).
+unit-core: venv
 	cd tests && ../$(BIN)/python -m pytest --ignore=sdks
+
+# The core suite again under coverage: branch coverage of the installed
+# package, subprocesses and forked children included (coverage's patch =
+# fork, _exit and subprocess), must reach $(COVERAGE_MIN) %. Each forked
+# child writes a data file, so the state machines run the dev profile
+# here: at full strength they take longer than the rest of CI.
+COVERAGE := $(CURDIR)/$(BIN)/python -m coverage
+coverage: venv
+	rm -f .coverage .coverage.*
+	cd tests && HYPOTHESIS_PROFILE=dev COVERAGE_FILE=$(CURDIR)/.coverage \
+		$(COVERAGE) run --rcfile=$(CURDIR)/pyproject.toml -m pytest -q \
+		-p no:cacheprovider --ignore=sdks
+	$(COVERAGE) combine --quiet --rcfile=pyproject.toml
+	$(COVERAGE) report --rcfile=pyproject.toml --fail-under=$(COVERAGE_MIN)
+
+unit-adapter: venv
 	cd adapters/daytona && ../../$(BIN)/pytest
+
+unit: unit-core unit-adapter
+
+# Every code block of README.md and docs/ runs (Sybil; see conftest.py).
+doctest: venv
+	$(BIN)/python -m pytest -p no:cacheprovider README.md docs
 
 # Warnings are errors, and every cross-reference must resolve (-n).
 docs: venv
@@ -54,11 +112,13 @@ docs: venv
 
 # The core alone, as a user without any SDK gets it: no daytona, no Ray.
 CORE := .venv-core
-core-only:
-	test -x $(CORE)/bin/uv || ($(PYTHON) -m venv $(CORE) && \
-		$(CORE)/bin/python -m pip install --quiet --upgrade pip uv)
-	$(CORE)/bin/uv pip install --python $(CORE)/bin/python --quiet \
-		--reinstall-package poolkeeper ".[test]"
+$(CORE)/.installed: $(UV) $(SOURCES)
+	test -x $(CORE)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(CORE)
+	$(UV) pip install --python $(CORE)/bin/python --quiet \
+		--reinstall-package poolkeeper . --group test
+	touch $@
+
+core-only: $(CORE)/.installed
 	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
 	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
 		-p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks
@@ -67,56 +127,98 @@ core-only:
 # gRPC) against servers that tests/sdks starts on 127.0.0.1 and stops.
 # redis-server comes from the system (.ci/run installs it).
 sdks: venv
-	$(UV) ".[sdks]"
 	cd tests && ../$(BIN)/python -m pytest sdks -p no:cacheprovider
 
-test: lint typecheck docs unit sdks core-only demo-smoke pip-compat sdk-matrix
+# The core and adapter suites on each CPython of $(MATRIX), each in its own
+# venv (.venv-py<version>), the state machines with fewer examples. The
+# version $(PYTHON) is runs unit-core and unit-adapter instead.
+.venv-py%/.installed: $(UV) $(SOURCES)
+	test -x $(@D)/bin/python || $(UV) venv --quiet \
+		--python $(PYENV_ROOT)/versions/$*/bin/python $(@D)
+	$(UV) pip install --python $(@D)/bin/python --quiet $(PACKAGES) \
+		--group test $(ADAPTER_TEST)
+	touch $@
+
+py-%:
+	@if [ ! -x $(PYENV_ROOT)/versions/$*/bin/python ]; then \
+		echo "SKIPPED CPython $*: no $(PYENV_ROOT)/versions/$*/bin/python"; \
+		exit 0; \
+	fi; \
+	if [ "$$($(PYTHON) -c 'import platform; print(platform.python_version())')" = "$*" ]; then \
+		echo "CPython $* is $(PYTHON): unit-core and unit-adapter ran it"; \
+		exit 0; \
+	fi; \
+	$(MAKE) --no-print-directory .venv-py$*/.installed || exit 1; \
+	status=0; \
+	(cd tests && HYPOTHESIS_PROFILE=dev ../.venv-py$*/bin/python -m pytest \
+		-q -p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks) \
+		|| status=1; \
+	(cd adapters/daytona && ../../.venv-py$*/bin/python -m pytest -q) \
+		|| status=1; \
+	exit $$status
+
+matrix: $(addprefix py-,$(MATRIX))
+
+# Every target runs, whatever failed before it; a summary lists them all.
+test:
+	@.ci/run-targets lint typecheck docs doctest unit-core unit-adapter sdks \
+		coverage core-only demo-smoke sdist pip-compat sdk-matrix \
+		$(addprefix py-,$(MATRIX))
+
+# The core's sdist holds the core's files only.
+sdist: venv
+	rm -rf dist/sdist-check
+	$(UV) build --quiet --sdist --out-dir dist/sdist-check .
+	$(BIN)/python .ci/check_sdist.py dist/sdist-check/*.tar.gz
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
 
 clean:
-	rm -rf $(VENV) $(CORE) $(PIPV) $(SDKV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) $(PIPV) $(SDKV) .venv-py* dist \
+		.pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage .coverage.*
 
 # --- Installing with an old pip; wrapt 1.17 and 2.x (issue 11) ---------
 # pip as Python 3.11's venv ships it (23.2.1), never upgraded, installs
-# both distributions from source; `pip check` must agree. Then the smoke
-# checks and the core suite run on wrapt 1.17.x (the adapter's suite too),
-# then on wrapt 2.x (the adapter's runs on 2.x in unit and sdk-matrix).
+# both distributions from source; `pip check` must agree. The test tools
+# come after, with uv (they are dependency groups, which that pip cannot
+# read). Then the smoke checks, the core suite and the adapter's run on
+# wrapt 1.17.x; on wrapt 2.x the smoke checks run here and the suites in
+# unit-core and unit-adapter.
 PIPV := .venv-pip
-PIP_CORE_TESTS := cd tests && HYPOTHESIS_PROFILE=dev ../$(PIPV)/bin/python \
-	-m pytest -q -p no:cacheprovider --ignore=processes/test_ray.py
-pip-compat:
+pip-compat: $(UV)
 	rm -rf $(PIPV)
 	$(PYTHON) -m venv $(PIPV)
 	$(PIPV)/bin/python -m pip --version
-	$(PIPV)/bin/python -m pip install --quiet ./ "./adapters/daytona[test]" \
-		".[test]"
+	$(PIPV)/bin/python -m pip install --quiet ./ ./adapters/daytona
 	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -c "from poolkeeper_daytona import daytona_client; \
 		import daytona; daytona.Daytona; print(daytona_client)"
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=1.17,<2"
 	$(PIPV)/bin/python -m pip check
+	$(UV) pip install --python $(PIPV)/bin/python --quiet \
+		--group test $(ADAPTER_TEST)
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
-	$(PIP_CORE_TESTS)
+	cd tests && HYPOTHESIS_PROFILE=dev ../$(PIPV)/bin/python -m pytest -q \
+		-p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks
 	cd adapters/daytona && ../../$(PIPV)/bin/python -m pytest -q
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=2"
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
-	$(PIP_CORE_TESTS)
 
 # --- The adapter on the oldest and newest daytona it declares ----------
 # Keep in step with adapters/daytona/pyproject.toml and the adapter's
-# TESTED_SDK_VERSIONS.
+# TESTED_SDK_VERSIONS. unit-adapter runs the newest (the dev venv must
+# have it); this target runs the lowest.
 SDK_LOWEST := 0.203.0
 SDK_NEWEST := 0.226.1
 SDKV := .venv-sdk
 sdk-matrix: venv
-	for v in $(SDK_LOWEST) $(SDK_NEWEST); do \
-		rm -rf $(SDKV) && $(PYTHON) -m venv $(SDKV) && \
-		$(BIN)/uv pip install --python $(SDKV)/bin/python --quiet \
-			. "./adapters/daytona[test]" "daytona==$$v" && \
-		$(SDKV)/bin/python -c "import importlib.metadata as m; \
-			assert m.version('daytona') == '$$v'" && \
-		(cd adapters/daytona && ../../$(SDKV)/bin/python -m pytest -q) \
-		|| exit 1; \
-	done
+	$(BIN)/python -c "import importlib.metadata as m; \
+		assert m.version('daytona') == '$(SDK_NEWEST)', m.version('daytona')"
+	rm -rf $(SDKV)
+	$(UV) venv --quiet --python $(PYTHON) $(SDKV)
+	$(UV) pip install --python $(SDKV)/bin/python --quiet \
+		. ./adapters/daytona "daytona==$(SDK_LOWEST)" $(ADAPTER_TEST)
+	$(SDKV)/bin/python -c "import importlib.metadata as m; \
+		assert m.version('daytona') == '$(SDK_LOWEST)'"
+	cd adapters/daytona && ../../$(SDKV)/bin/python -m pytest -q

@@ -11,6 +11,9 @@ what a wheel ships.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import poolkeeper
 
 project = "poolkeeper"
@@ -58,6 +61,8 @@ nitpick_ignore = [
     ("py:func", "inspect.signature"),
     ("py:mod", "atexit"),
     ("py:class", "collections.abc.Callable"),
+    ("py:class", "contextlib.AbstractContextManager"),
+    ("py:class", "contextlib.AbstractAsyncContextManager"),
     ("py:class", "os.PathLike"),
     ("py:class", "socket.socket"),
     ("py:func", "os.dup2"),
@@ -87,3 +92,57 @@ nitpick_ignore = [
 html_theme = "furo"
 html_title = f"poolkeeper {release}"
 html_static_path = ["_static"]
+
+# -- signatures as callers see them ------------------------------------------
+
+# lease() and override() are @contextmanager generators: callers get a
+# context manager, which is what the reference should say. Matches
+# Generator[T], Generator[T, None, None] and AsyncGenerator[T, None].
+_GENERATOR = re.compile(r"^(?:~?[\w.]*\.)?(Async)?Generator\[([^,\]]+)")
+
+
+def _context_manager(annotation: str | None) -> str | None:
+    match = _GENERATOR.match(annotation or "")
+    if match is None:
+        return annotation
+    kind = (
+        "AbstractAsyncContextManager" if match[1] else "AbstractContextManager"
+    )
+    return f"~contextlib.{kind}[{match[2]}]"
+
+
+# process_singleton's implementation signature has **unknown (to reject a
+# misspelt option with a suggestion) and returns a private Protocol; its
+# callers see the overloads, summed up here.
+_SINGLETON = "ProcessSingleton[T] | AsyncProcessSingleton[T]"
+_PROCESS_SINGLETON_RETURNS = (
+    f"{_SINGLETON} | "
+    f"~collections.abc.Callable[[~collections.abc.Callable[[], T]], "
+    f"{_SINGLETON}]"
+)
+
+
+# Sphinx's event signature: seven positional arguments.
+def _public_signature(
+    _app: object,
+    _what: str,
+    name: str,
+    _obj: object,
+    _options: object,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None]:
+    if name.rpartition(".")[2] in {"lease", "override"}:
+        return signature, _context_manager(return_annotation)
+    if name == "poolkeeper.process_singleton" and signature is not None:
+        signature = signature.replace(", **unknown: object", "")
+        signature = signature.replace(
+            "Callable[[], ~typing.Any] | None", "Callable[[], T] | None"
+        )
+        return signature, _PROCESS_SINGLETON_RETURNS
+    return signature, return_annotation
+
+
+def setup(app: Any) -> None:  # noqa: ANN401 -- sphinx.application.Sphinx.
+    """Register the signature fix-ups."""
+    app.connect("autodoc-process-signature", _public_signature)

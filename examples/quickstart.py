@@ -1,8 +1,8 @@
 """poolkeeper in one minute: one build across threads, rotation, fork.
 
-Run with ``make demo`` (or ``python examples/quickstart.py``). The client is
-a stand-in that owns a real socket pair, so the open file descriptors it
-prints are real.
+Run with ``make quickstart`` (or ``python examples/quickstart.py``). The
+client is a stand-in that owns a real socket pair, so the open file
+descriptors it prints are real.
 """
 
 from __future__ import annotations

@@ -7,10 +7,13 @@ Standard library only, and not imported by ``import poolkeeper``.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import fnmatch
 import importlib
 import io
+import json
+import os
 import re
 import sys
 import tokenize
@@ -18,7 +21,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from poolkeeper._check_ast import Finding, analyze, client_table
+from poolkeeper._check_ast import (
+    Finding,
+    ModuleReport,
+    analyze_module,
+    client_table,
+    imported_call_finding,
+)
 from poolkeeper._clients import CHECKED_CALLABLES
 
 if TYPE_CHECKING:
@@ -189,24 +198,86 @@ def _suppressions(source: bytes) -> dict[int, frozenset[str] | None]:
     return lines
 
 
-def _check_file(
-    path: Path, clients: dict[tuple[str, str], str]
-) -> list[Finding]:
+# Not a finding: a file that could not be checked (exit status 2).
+_UNCHECKED: Final = "PK000"
+
+
+@dataclasses.dataclass
+class _Checked:
+    """One file: its module name, what it says, and its ``# noqa``s."""
+
+    path: Path
+    module: str
+    report: ModuleReport
+    noqa: dict[int, frozenset[str] | None]
+
+    def kept(self, findings: Iterator[Finding]) -> list[Finding]:
+        """Return the *findings* that no ``# noqa`` silences."""
+        return [
+            finding
+            for finding in findings
+            if finding.line not in self.noqa
+            or (
+                (codes := self.noqa[finding.line]) is not None
+                and finding.code not in codes
+            )
+        ]
+
+
+def _check_file(path: Path, clients: dict[tuple[str, str], str]) -> _Checked:
     source = path.read_bytes()
     # Old or odd code can warn while parsing (invalid escapes): not ours.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        findings = analyze(source, clients)
+        report = analyze_module(ast.parse(source, str(path)), clients)
     noqa = _suppressions(source) if b"noqa" in source else {}
-    return sorted(
-        finding
-        for finding in findings
-        if finding.line not in noqa
-        or (
-            (codes := noqa[finding.line]) is not None
-            and finding.code not in codes
-        )
-    )
+    return _Checked(path, _module_name(path), report, noqa)
+
+
+def _module_name(path: Path) -> str:
+    """Return the dotted module name of *path*, from its packages."""
+    path = path.resolve()
+    parts = [] if path.stem == "__init__" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts)
+
+
+def _absolute(target: str, checked: _Checked) -> str:
+    """Resolve a relative import target against the checked module."""
+    name = target.lstrip(".")
+    level = len(target) - len(name)
+    if not level:
+        return target
+    package = checked.module.split(".")
+    if checked.path.stem != "__init__":
+        package = package[:-1]
+    package = package[: len(package) - (level - 1)] if level > 1 else package
+    return ".".join([*package, name])
+
+
+def _link(files: list[_Checked]) -> dict[Path, list[Finding]]:
+    """Return each file's findings, with calls of other files' factories.
+
+    A factory defined in one module and called in a loop in another is
+    found only here, once every file has been read.
+    """
+    factories = {
+        f"{checked.module}.{name}": built
+        for checked in files
+        for name, built in checked.report.factories.items()
+    }
+    found: dict[Path, list[Finding]] = {}
+    for checked in files:
+        findings = list(checked.report.findings)
+        for call in checked.report.calls:
+            built = factories.get(_absolute(call.target, checked))
+            if built is not None:
+                findings.append(imported_call_finding(call, built))
+        found[checked.path] = sorted(checked.kept(iter(findings)))
+    return found
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -236,6 +307,15 @@ def _parser() -> argparse.ArgumentParser:
         help="one more client to report (repeatable)",
     )
     check.add_argument(
+        "--format",
+        choices=["text", "json", "github"],
+        default="text",
+        help=(
+            "text (default): path:line:col: CODE message; json: one list "
+            "of objects; github: GitHub Actions annotations"
+        ),
+    )
+    check.add_argument(
         "--exclude",
         action="append",
         default=[],
@@ -254,7 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         0 when nothing was found, 1 when something was, 2 on a usage
-        error (a missing path, a bad option or configuration).
+        error (a missing path, a bad option or configuration) or when a
+        file could not be checked (a syntax error, an unreadable file).
 
     .. versionadded:: 0.1
     """
@@ -264,21 +345,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     try:
-        return _run(args.paths, args.client, args.exclude)
+        return _run(args.paths, args.client, args.exclude, args.format)
     except UsageError as exc:
         sys.stderr.write(f"poolkeeper check: {exc}\n")
         return 2
+    except BrokenPipeError:
+        # The reader went away (`poolkeeper check | head`): stop quietly.
+        # Python flushes stdout again at exit, so point it at devnull.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
-def _run(paths: list[Path], extra: list[str], exclude: list[str]) -> int:
+def _run(
+    paths: list[Path], extra: list[str], exclude: list[str], form: str
+) -> int:
     _check_clients(extra, "--client")
     for path in paths:
         if not path.exists():
             msg = f"{path}: no such file or directory."
             raise UsageError(msg)
+    files, unchecked = _read(paths, extra, exclude)
+    results = [
+        (path, finding)
+        for path, findings in _link(files).items()
+        for finding in findings
+    ]
+    _write(sys.stdout, [*unchecked, *results], form)
+    if results:
+        sys.stderr.write(f"Found {len(results)} problem(s).\n")
+    if unchecked:
+        sys.stderr.write(f"Could not check {len(unchecked)} file(s).\n")
+        return 2
+    return 1 if results else 0
+
+
+def _read(
+    paths: list[Path], extra: list[str], exclude: list[str]
+) -> tuple[list[_Checked], list[tuple[Path, Finding]]]:
+    """Check each file alone; return them and those that cannot be read."""
     configs = _Configs(sys.stderr)
     tables: dict[_Config, dict[tuple[str, str], str]] = {}
-    found = 0
+    files: list[_Checked] = []
+    unchecked: list[tuple[Path, Finding]] = []
     for root in paths:
         for path in _files(root):
             config = configs.for_path(path)
@@ -289,15 +398,47 @@ def _run(paths: list[Path], extra: list[str], exclude: list[str]) -> int:
                 names = (*CHECKED_CALLABLES, *config.clients, *extra)
                 table = tables[config] = client_table(names)
             try:
-                findings = _check_file(path, table)
-            except (SyntaxError, ValueError, OSError) as exc:
-                sys.stderr.write(f"poolkeeper check: skipped {path}: {exc}\n")
-                continue
-            for f in findings:
-                sys.stdout.write(
-                    f"{path}:{f.line}:{f.col}: {f.code} {f.message}\n"
+                files.append(_check_file(path, table))
+            except SyntaxError as exc:
+                where = Finding(
+                    exc.lineno or 1,
+                    exc.offset or 1,
+                    _UNCHECKED,
+                    f"cannot check this file: SyntaxError: {exc.msg}",
                 )
-            found += len(findings)
-    if found:
-        sys.stderr.write(f"Found {found} problem(s).\n")
-    return 1 if found else 0
+                unchecked.append((path, where))
+            except (ValueError, OSError) as exc:
+                where = Finding(
+                    1, 1, _UNCHECKED, f"cannot check this file: {exc}"
+                )
+                unchecked.append((path, where))
+    return files, unchecked
+
+
+def _write(
+    out: TextIO, results: Sequence[tuple[Path, Finding]], form: str
+) -> None:
+    if form == "json":
+        rows = [
+            {"path": str(path), **dataclasses.asdict(finding)}
+            for path, finding in results
+        ]
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return
+    for path, f in results:
+        if form == "github":
+            # Workflow command syntax: properties and message escaped.
+            out.write(
+                f"::error file={_escape(str(path), prop=True)},"
+                f"line={f.line},col={f.col},title={f.code}::"
+                f"{_escape(f.message)}\n"
+            )
+        else:
+            out.write(f"{path}:{f.line}:{f.col}: {f.code} {f.message}\n")
+
+
+def _escape(text: str, *, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if prop:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text

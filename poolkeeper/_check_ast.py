@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-__all__ = ["Finding", "analyze", "client_table"]
+__all__ = [
+    "Finding",
+    "ImportedCall",
+    "ModuleReport",
+    "analyze",
+    "analyze_module",
+    "client_table",
+    "imported_call_finding",
+]
 
 # Decorators that make a function build its result once (or once per
 # object), matched on their last name so re-exports match too.
@@ -76,6 +84,53 @@ def client_table(names: Iterable[str]) -> dict[tuple[str, str], str]:
     return table
 
 
+@dataclasses.dataclass(frozen=True)
+class ImportedCall:
+    """A call, in a loop or retry, of a name imported from another module.
+
+    Args:
+        line: The 1-based line of the call.
+        col: The 1-based column of the call.
+        target: The dotted name the call resolves to through imports; it
+            starts with dots for a relative import (``..pkg.make``).
+        reason: Why the call repeats, e.g. ``"inside a loop"``.
+    """
+
+    line: int
+    col: int
+    target: str
+    reason: str
+
+
+@dataclasses.dataclass
+class ModuleReport:
+    """What one module says, for linking factories across modules.
+
+    Args:
+        findings: The problems found in the module alone.
+        factories: Top-level function name -> the client it builds on
+            every call.
+        calls: Calls in a loop or retry of names imported from elsewhere.
+    """
+
+    findings: list[Finding]
+    factories: dict[str, str]
+    calls: list[ImportedCall]
+
+
+def imported_call_finding(call: ImportedCall, built: str) -> Finding:
+    """Return the PK002 for *call* of a factory that builds *built*."""
+    name = call.target.rpartition(".")[2]
+    return Finding(
+        call.line,
+        call.col,
+        "PK002",
+        f"{name}() builds a {built} on every call and is called "
+        f"{call.reason}: each call opens a connection pool that is never "
+        f"closed; {_FIX}",
+    )
+
+
 @dataclasses.dataclass
 class _Function:
     """What a function's own statements say about the clients it builds."""
@@ -84,6 +139,8 @@ class _Function:
     is_module: bool = False
     method_of: str | None = None
     is_singleton: bool = False
+    # Run once per process: main(), asyncio.run(f()), `if __name__ ...`.
+    is_entry_point: bool = False
     # Calls whose client is closed here, or cached globally or on self.
     closed: set[int] = dataclasses.field(default_factory=set[int])
     kept: set[int] = dataclasses.field(default_factory=set[int])
@@ -116,7 +173,26 @@ def analyze(
     # do not, and parsing is most of the cost.
     if not any(package in text for package, _ in clients):
         return []
-    return _Analyzer(clients).run(ast.parse(source))
+    return analyze_module(ast.parse(source), clients).findings
+
+
+def analyze_module(
+    tree: ast.Module, clients: dict[tuple[str, str], str]
+) -> ModuleReport:
+    """Return the findings, factories and imported calls of *tree*.
+
+    Args:
+        tree: A parsed module.
+        clients: From :func:`client_table`.
+    """
+    analyzer = _Analyzer(clients)
+    findings = analyzer.run(tree)
+    factories = {
+        function: built
+        for (cls, function), built in analyzer.factories.items()
+        if not cls
+    }
+    return ModuleReport(findings, factories, analyzer.imported_calls)
 
 
 class _Analyzer:
@@ -126,11 +202,14 @@ class _Analyzer:
         # (class or "", function) -> the client it builds on every call.
         self.factories: dict[tuple[str, str], str] = {}
         self.calls: list[tuple[ast.Call, tuple[str, str], str]] = []
+        self.imported_calls: list[ImportedCall] = []
+        self.entry_points: set[str] = set()
         # Functions made singletons by a call: process_singleton(f).
         self.wrapped: set[str] = set()
 
     def run(self, tree: ast.Module) -> list[Finding]:
         self.wrapped.update(_wrapped_functions(tree))
+        self.entry_points = _entry_points(tree)
         module = _Function("<module>", is_module=True)
         scope = _bindings(tree.body, {})
         _exemptions(tree.body, module, set())
@@ -205,6 +284,9 @@ class _Analyzer:
             method_of=ctx.cls,
             is_singleton=name in self.wrapped
             or any(_last_name(d) in _SINGLETON_DECORATORS for d in decorators),
+            is_entry_point=ctx.function.is_module
+            and ctx.cls is None
+            and name in self.entry_points,
         )
         _exemptions(body, function, _declared_global(body))
         retry = next(
@@ -235,9 +317,17 @@ class _Analyzer:
             key = (dotted.partition(".")[0], dotted.rpartition(".")[2])
             built = self.clients.get(key)
         if built is None:
+            if ctx.reason is None:
+                return
             local = _local_call(node, ctx)
-            if local is not None and ctx.reason is not None:
+            if local is not None and (dotted is None or "." not in dotted):
                 self.calls.append((node, local, ctx.reason))
+            elif dotted is not None:
+                self.imported_calls.append(
+                    ImportedCall(
+                        node.lineno, node.col_offset + 1, dotted, ctx.reason
+                    )
+                )
             return
         # A cached factory builds once per key, even in a loop or except.
         if id(node) in function.closed or function.is_singleton:
@@ -249,7 +339,13 @@ class _Analyzer:
                 f"{built}() built {ctx.reason}: each pass opens a "
                 f"connection pool that is never closed; {_FIX}",
             )
-        elif function.is_module or id(node) in function.kept:
+        elif (
+            function.is_module
+            or function.is_entry_point
+            or id(node) in function.kept
+        ):
+            # An entry point runs once per process: its client is built
+            # once, like a module global's.
             return
         else:
             self.report(
@@ -259,7 +355,7 @@ class _Analyzer:
                 f"singleton factory: each call opens a connection pool; "
                 f"{_FIX}",
             )
-        if not function.is_module:
+        if not (function.is_module or function.is_entry_point):
             self.factories[function.method_of or "", function.name] = built
 
 
@@ -276,6 +372,34 @@ def _wrapped_functions(tree: ast.Module) -> Iterator[str]:
             func = func.func
         if _last_name(func) in _SINGLETON_DECORATORS:
             yield from (a.id for a in node.args if isinstance(a, ast.Name))
+
+
+def _entry_points(tree: ast.Module) -> set[str]:
+    """Return the functions a module runs once: its entry points.
+
+    ``main``, a function handed to ``asyncio.run()`` (or ``trio.run``,
+    ``anyio.run``), and one called under ``if __name__ == "__main__":``.
+    """
+    names = {"main"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _last_name(node.func) == "run":
+            for arg in node.args[:1]:
+                name = _last_name(arg)
+                if name is not None:
+                    names.add(name)
+    for node in tree.body:
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+        ):
+            for inner in _own_nodes(node.body):
+                if isinstance(inner, ast.Call):
+                    name = _last_name(inner.func)
+                    if name is not None:
+                        names.add(name)
+    return names
 
 
 def _local_call(node: ast.Call, ctx: _Context) -> tuple[str, str] | None:
@@ -353,10 +477,13 @@ def _bindings(
                 else:
                     scope[alias.asname] = alias.name
         elif isinstance(node, ast.ImportFrom):
-            # A relative import never names an SDK; "." keeps it unmatched.
-            base = "." * node.level + (node.module or "")
+            # A relative import never names an SDK: its leading dots keep
+            # it unmatched ("from . import x" is ".x", from .m is ".m.x").
+            base = "." * node.level
+            if node.module:
+                base += node.module + "."
             for alias in node.names:
-                scope[alias.asname or alias.name] = f"{base}.{alias.name}"
+                scope[alias.asname or alias.name] = f"{base}{alias.name}"
         elif (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1

@@ -104,7 +104,16 @@ class _Patch:
         def wrapper(instance: object, /, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
             init(instance, *args, **kwargs)
             if self.active:
-                track(instance)
+                # The watchdog must never break the constructor it watches:
+                # whatever counting hits is logged once, never raised. Only
+                # a PoolLeakWarning that the user's warning filters turned
+                # into an error (-W error) propagates, as they asked.
+                try:
+                    track(instance)
+                except PoolLeakWarning:
+                    raise
+                except Exception:  # noqa: BLE001
+                    self._failed(instance)
 
         self.wrapper = wrapper
         type.__setattr__(cls, "__init__", wrapper)
@@ -159,14 +168,28 @@ class _Patch:
         )
         _warn(PoolLeakWarning(name, count, self.limit, where), frame)
 
+    def _failed(self, instance: object) -> None:
+        cls = type(instance)
+        self._log_once(
+            f"{cls.__module__}.{cls.__qualname__}",
+            "poolkeeper.watch failed to count a %s instance; the instance "
+            "is fine, the count may be low.",
+            exc_info=True,
+        )
+
     def _cannot_track(self, name: str) -> None:
+        self._log_once(
+            name,
+            "poolkeeper.watch cannot count %s instances: they do not "
+            "support weak references.",
+        )
+
+    def _log_once(
+        self, name: str, message: str, *, exc_info: bool = False
+    ) -> None:
         if name not in self.untrackable:
             self.untrackable.add(name)
-            _log.warning(
-                "poolkeeper.watch cannot count %s instances: they do not "
-                "support weak references.",
-                name,
-            )
+            _log.warning(message, name, exc_info=exc_info)
 
 
 _UNKNOWN: Final = ("<unknown>", 0)
@@ -199,15 +222,28 @@ def _warn(warning: PoolLeakWarning, frame: FrameType | None) -> None:
         warnings.warn(warning, stacklevel=4)
         return
     module_globals = frame.f_globals
-    warnings.warn_explicit(
+    emit = functools.partial(
+        warnings.warn_explicit,
         warning,
         PoolLeakWarning,
         frame.f_code.co_filename,
         frame.f_lineno,
         module=module_globals.get("__name__"),
         registry=module_globals.setdefault("__warningregistry__", {}),
-        module_globals=module_globals,
     )
+    try:
+        # module_globals lets the warning show the source line, read
+        # through the module's loader. Code run by `python -c`, from stdin
+        # or in the REPL has BuiltinImporter as __main__'s loader, whose
+        # get_source() raises ImportError (CPython 3.11-3.13).
+        emit(module_globals=module_globals)
+    except PoolLeakWarning:
+        raise  # The user's filters made the warning an error.
+    except Exception:  # noqa: BLE001, S110
+        pass  # Warn again below, outside this block: no chained traceback.
+    else:
+        return
+    emit()
 
 
 class _Target:
@@ -220,7 +256,18 @@ class _Target:
         self.classes: list[type] = []
 
     def hook(self, module: ModuleType) -> None:
-        """Patch the class once its module is imported, if still wanted."""
+        """Patch the class once its module is imported, if still wanted.
+
+        Runs inside the user's ``import``, so nothing it hits may escape.
+        """
+        try:
+            self._hook(module)
+        except Exception:  # noqa: BLE001
+            _log.warning(
+                "poolkeeper.watch cannot patch %s.", self.spec, exc_info=True
+            )
+
+    def _hook(self, module: ModuleType) -> None:
         with _registry_lock:
             if _targets.get(self.spec) is not self:
                 return  # Unwatched before the module was imported.
@@ -267,8 +314,14 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
     ``openai.OpenAI`` and ``AsyncOpenAI``, ``anthropic.Anthropic`` and
     ``AsyncAnthropic``, boto3 clients (``botocore.client.BaseClient``) and
     ``redis.Redis``. Watching a name again sets its *limit*. Setting the
-    environment variable ``POOLKEEPER_WATCH=1`` calls ``watch()`` when
-    poolkeeper is imported (``POOLKEEPER_WATCH_LIMIT`` sets the limit).
+    environment variable ``POOLKEEPER_WATCH=1`` calls ``watch()`` at
+    interpreter startup, through the ``poolkeeper-watch.pth`` file the
+    wheel installs, so it works in programs that never import poolkeeper
+    (``POOLKEEPER_WATCH_LIMIT`` sets the limit).
+
+    The watchdog never breaks the program it watches: a failure inside it
+    is logged once on the ``poolkeeper`` logger, never raised. Only the
+    warning itself can become an error, if the warning filters say so.
 
     Only construction is slowed down, by a few microseconds; method calls
     on the clients are untouched.
@@ -378,4 +431,7 @@ def _watch_from_environment() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-_watch_from_environment()
+try:
+    _watch_from_environment()
+except Exception:  # noqa: BLE001 - Importing poolkeeper must not fail.
+    _log.warning("POOLKEEPER_WATCH is set but watch() failed.", exc_info=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -234,7 +235,12 @@ class TestConfig:
 
     @pytest.mark.parametrize(
         "table",
-        ['clients = "mysdk:Client"', 'clients = ["mysdk"]', "colour = 1"],
+        [
+            'clients = "mysdk:Client"',
+            'clients = ["mysdk"]',
+            "colour = 1",
+            "clients = [",
+        ],
     )
     def test_bad_config(self, tmp_path, capsys, table):
         """A malformed table is a usage error."""
@@ -263,9 +269,47 @@ class TestExitStatus:
         """No command, an unknown command or option: 2."""
         assert 2 == main(argv)
 
-    def test_syntax_error_skipped(self, check, capsys):
-        """A file that does not parse is reported on stderr, not counted."""
-        assert (0, []) == check("import httpx\ndef f(:\n")
+    def test_syntax_error(self, check, capsys):
+        """A file that does not parse is reported as PK000: 2."""
+        assert (2, [(2, 7, "PK000")]) == check("import os\ndef f(:\n")
+
+    def test_syntax_error_beside_findings(self, tmp_path, capsys):
+        """An unreadable file wins over findings elsewhere: still 2."""
+        (tmp_path / "bad.py").write_text("def f(:\n", encoding="utf-8")
+        shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        assert 2 == main(["check", str(tmp_path)])
+        out, err = capsys.readouterr()
+        codes = [line.split()[1] for line in out.splitlines()]
+        assert ["PK000", "PK001", "PK002"] == codes
+        assert "Could not check 1 file(s)." in err
+
+    def test_unreadable_file(self, tmp_path, capsys):
+        """A file that cannot be read (a dangling link) is PK000: 2."""
+        (tmp_path / "gone.py").symlink_to(tmp_path / "missing.py")
+        assert 2 == main(["check", str(tmp_path)])
+        out = capsys.readouterr().out
+        assert out.startswith(f"{tmp_path / 'gone.py'}:1:1: PK000 cannot")
+
+    def test_head_closes_the_pipe(self, tmp_path):
+        """Piping into a reader that stops early ends without a traceback."""
+        lines = "".join(f"    c{n} = httpx.Client()\n" for n in range(3000))
+        (tmp_path / "many.py").write_text(
+            f"import httpx\ndef f():\n{lines}", encoding="utf-8"
+        )
+        with subprocess.Popen(
+            [sys.executable, "-m", "poolkeeper", "check", str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ) as proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            first = proc.stdout.readline()
+            proc.stdout.close()
+            err = proc.stderr.read()
+            status = proc.wait(timeout=60)
+        assert b"PK001" in first
+        assert b"" == err
+        assert 1 == status
 
     def test_module_entry_point(self, tmp_path):
         """python -m poolkeeper check exits 1 and prints the finding."""
@@ -291,3 +335,188 @@ class TestCorpus:
         # marked with noqa.
         status, found = run(capsys, ROOT)
         assert (0, []) == (status, found)
+
+
+class TestFormats:
+    """--format json and --format github carry the same findings."""
+
+    def test_json(self, tmp_path, capsys):
+        """One JSON list of objects with path, line, col, code, message."""
+        path = shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        status = main(["check", "--format", "json", str(path)])
+        rows = json.loads(capsys.readouterr().out)
+        assert 1 == status
+        assert [
+            (str(path), 15, 12, "PK001"),
+            (str(path), 27, 23, "PK002"),
+        ] == [(r["path"], r["line"], r["col"], r["code"]) for r in rows]
+        assert rows[1]["message"].startswith("make_daytona() builds a")
+
+    def test_json_clean(self, tmp_path, capsys):
+        """A clean run prints an empty list, so the output always parses."""
+        (tmp_path / "m.py").write_text("x = 1\n", encoding="utf-8")
+        assert 0 == main(["check", "--format", "json", str(tmp_path)])
+        assert [] == json.loads(capsys.readouterr().out)
+
+    def test_github(self, tmp_path, capsys):
+        """One ::error workflow command per finding, properties escaped."""
+        folder = tmp_path / "a,b"
+        folder.mkdir()
+        path = shutil.copy(FIXTURES / "incident_before.py", folder)
+        status = main(["check", "--format", "github", str(path)])
+        lines = capsys.readouterr().out.splitlines()
+        assert 1 == status
+        escaped = str(path).replace(",", "%2C").replace(":", "%3A")
+        assert lines[0].startswith(
+            f"::error file={escaped},line=15,col=12,title=PK001::"
+            "daytona.Daytona() built in make_daytona()"
+        )
+        assert 2 == len(lines)
+
+    def test_github_syntax_error(self, tmp_path, capsys):
+        """A file that cannot be checked is an annotation too."""
+        path = tmp_path / "bad.py"
+        path.write_text("def f(:\n", encoding="utf-8")
+        assert 2 == main(["check", "--format", "github", str(path)])
+        out = capsys.readouterr().out
+        assert out.startswith(f"::error file={path},line=1,col=7,title=PK000")
+
+
+@pytest.fixture(name="package")
+def _package(tmp_path):
+    """Return a package folder whose factory module builds a client."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "factory.py").write_text(
+        "import daytona\n\ndef make():\n    return daytona.Daytona()\n",
+        encoding="utf-8",
+    )
+    return pkg
+
+
+class TestAcrossModules:
+    """A factory in one module, called in a loop in another, is PK002."""
+
+    @pytest.mark.parametrize(
+        ("imports", "call"),
+        [
+            ("from pkg.factory import make", "make()"),
+            ("from .factory import make", "make()"),
+            ("from . import factory", "factory.make()"),
+            ("import pkg.factory", "pkg.factory.make()"),
+            ("import pkg.factory as f", "f.make()"),
+        ],
+    )
+    def test_loop_in_other_module(self, package, capsys, imports, call):
+        """Each way of importing the factory links it to the loop."""
+        (package / "runner.py").write_text(
+            f"{imports}\n\ndef run():\n    for _ in range(3):\n"
+            f"        {call}\n",
+            encoding="utf-8",
+        )
+        assert 1 == main(["check", str(package)])
+        out = capsys.readouterr().out.splitlines()
+        assert 2 == len(out)
+        assert out[0].startswith(f"{package / 'factory.py'}:4:12: PK001")
+        assert out[1].startswith(
+            f"{package / 'runner.py'}:5:9: PK002 make() builds a "
+            "daytona.Daytona on every call and is called inside a loop"
+        )
+
+    def test_called_once_elsewhere(self, package, capsys):
+        """A call outside any loop is only the factory's own PK001."""
+        (package / "runner.py").write_text(
+            "from pkg.factory import make\n\nclient = make()\n",
+            encoding="utf-8",
+        )
+        assert (1, [(4, 12, "PK001")]) == run(capsys, package)
+
+    def test_noqa_in_the_caller(self, package, capsys):
+        """A # noqa on the loop's line silences the linked finding."""
+        (package / "runner.py").write_text(
+            "from pkg.factory import make\n\nfor _ in range(3):\n"
+            "    make()  # noqa: PK002\n",
+            encoding="utf-8",
+        )
+        assert (1, [(4, 12, "PK001")]) == run(capsys, package)
+
+    def test_same_name_other_module(self, package, capsys):
+        """A make() imported from a module without a factory is clean."""
+        (package / "other.py").write_text(
+            "def make():\n    return 1\n", encoding="utf-8"
+        )
+        (package / "runner.py").write_text(
+            "from pkg.other import make\n\nfor _ in range(3):\n    make()\n",
+            encoding="utf-8",
+        )
+        assert (1, [(4, 12, "PK001")]) == run(capsys, package)
+
+
+class TestEntryPoints:
+    """A client built once in an entry point is not built per call."""
+
+    @pytest.mark.parametrize(
+        "source",
+        [
+            """
+            import asyncio
+            from daytona import AsyncDaytona
+
+            async def main():
+                client = AsyncDaytona()
+                await client.list()
+
+            asyncio.run(main())
+            """,
+            """
+            from daytona import Daytona
+
+            def main():
+                Daytona().list()
+            """,
+            """
+            import trio
+            import httpx
+
+            async def serve():
+                client = httpx.AsyncClient()
+
+            trio.run(serve)
+            """,
+            """
+            import httpx
+
+            def cli():
+                client = httpx.Client()
+
+            if __name__ == "__main__":
+                cli()
+            """,
+        ],
+    )
+    def test_clean(self, check, source):
+        """main(), asyncio.run(f()), trio.run(f) and __main__ calls."""
+        assert (0, []) == check(source)
+
+    def test_loop_in_main(self, check):
+        """A client built in a loop inside main() is still PK002."""
+        source = """
+            from daytona import Daytona
+
+            def main():
+                for _ in range(3):
+                    Daytona()
+        """
+        assert (1, [(6, 9, "PK002")]) == check(source)
+
+    def test_method_named_main(self, check):
+        """A method called main is not the module's entry point."""
+        source = """
+            from daytona import Daytona
+
+            class Job:
+                def main(self):
+                    return Daytona()
+        """
+        assert (1, [(6, 16, "PK001")]) == check(source)

@@ -285,3 +285,156 @@ class TestArguments:
         """A limit that is not an int is a TypeError."""
         with pytest.raises(TypeError, match="integer"):
             poolkeeper.watch("httpx:Client", limit=limit)
+
+
+# Builds three watched clients over a limit of one from __main__ code, as a
+# user typing at `python -c`, a pipe into `python -` or the REPL would.
+_MAIN_SOURCE = """\
+import sys, types, poolkeeper
+sdk = types.ModuleType("mainsdk")
+exec("class Client:\\n    def __init__(self):\\n        pass", sdk.__dict__)
+sys.modules["mainsdk"] = sdk
+poolkeeper.watch("mainsdk:Client", limit=1)
+kept = [sdk.Client() for _ in range(3)]
+print("built", len(kept))
+"""
+
+
+def _run_python(*args, stdin=None, env=None):
+    return subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=env,
+    )
+
+
+class TestNeverBreaksTheProgram:
+    """Whatever the watchdog's own code hits, the constructor succeeds."""
+
+    def test_python_c(self):
+        """Code run by `python -c` builds its clients and gets the warning."""
+        done = _run_python("-c", _MAIN_SOURCE)
+        assert 0 == done.returncode, done.stderr
+        assert "built 3" in done.stdout
+        assert "PoolLeakWarning" in done.stderr
+        assert "Traceback" not in done.stderr
+
+    def test_stdin(self):
+        """Code piped into `python -` builds its clients and gets warned."""
+        done = _run_python("-", stdin=_MAIN_SOURCE)
+        assert 0 == done.returncode, done.stderr
+        assert "built 3" in done.stdout
+        assert "PoolLeakWarning" in done.stderr
+        assert "Traceback" not in done.stderr
+
+    def test_repl(self):
+        """Lines typed into the interactive interpreter work the same."""
+        done = _run_python("-i", "-q", stdin=_MAIN_SOURCE)
+        assert 0 == done.returncode, done.stderr
+        assert "built 3" in done.stdout
+        assert "PoolLeakWarning" in done.stderr
+        assert "Traceback" not in done.stderr
+
+    def test_warning_as_error_still_raises(self):
+        """`-W error` turns the warning into the error the user asked for."""
+        strict = "import warnings; warnings.simplefilter('error')\n"
+        done = _run_python("-c", strict + _MAIN_SOURCE)
+        assert 1 == done.returncode
+        assert "PoolLeakWarning" in done.stderr
+        assert "ImportError" not in done.stderr
+
+    def test_failure_while_counting_is_logged_once(
+        self, sdk, monkeypatch, caplog
+    ):
+        """A failure inside the census is logged once, never raised."""
+
+        def broken(skip):
+            raise RuntimeError("census failed")
+
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        module = importlib.import_module(sdk)
+        monkeypatch.setattr(_watch, "_call_site", broken)
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            kept = build(module.Client, 3)
+        assert [0, 1, 2] == [client.number for client in kept]
+        assert 1 == len(caplog.records)
+        assert "census failed" in caplog.text
+
+    def test_failure_in_import_hook_is_logged(
+        self, tmp_path, monkeypatch, caplog
+    ):
+        """A module whose attributes raise still imports under watch()."""
+        name = f"rudesdk_{uuid.uuid4().hex}"
+        (tmp_path / f"{name}.py").write_text(
+            "def __getattr__(name):\n    raise RuntimeError('no ' + name)\n",
+            encoding="utf-8",
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        poolkeeper.watch(f"{name}:Client")
+        try:
+            with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+                module = importlib.import_module(name)
+        finally:
+            sys.modules.pop(name, None)
+        assert name == module.__name__
+        assert f"cannot patch {name}:Client" in caplog.text
+
+
+class TestNotAClass:
+    """A name that is not a class is logged when its module is imported."""
+
+    def test_function(self, sdk, caplog):
+        """Watching a function patches nothing and says so."""
+        poolkeeper.watch(f"{sdk}:make")
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            module = importlib.import_module(sdk)
+        assert f"{sdk}:make is not a class" in caplog.text
+        assert 0 == module.make().number
+
+
+class TestWatchWithoutImport:
+    """POOLKEEPER_WATCH=1 works in a program that never imports poolkeeper.
+
+    The wheel ships ``poolkeeper-watch.pth``; the tests run against the
+    installed wheel, so the interpreter's site module runs it at startup.
+    """
+
+    _PROBE = (
+        "import sys; w = sys.modules.get('poolkeeper._watch'); "
+        "print(w is not None and sorted(w._targets) == "
+        "sorted(w.WATCHED_CLASSES))"
+    )
+
+    def test_set(self):
+        """With the variable set, the well-known clients are watched."""
+        env = {**os.environ, "POOLKEEPER_WATCH": "1"}
+        done = _run_python("-c", self._PROBE, env=env)
+        assert ("True\n", "") == (done.stdout, done.stderr)
+
+    @pytest.mark.parametrize("raw", ["many", "0"])
+    def test_bad_limit(self, raw):
+        """A bad POOLKEEPER_WATCH_LIMIT is logged; the default limit holds."""
+        env = {**os.environ, "POOLKEEPER_WATCH": "1"}
+        env["POOLKEEPER_WATCH_LIMIT"] = raw
+        probe = (
+            "import sys; w = sys.modules['poolkeeper._watch']; "
+            "print(w._targets['httpx:Client'].limit)"
+        )
+        done = _run_python("-c", probe, env=env)
+        assert "3\n" == done.stdout
+        assert f"POOLKEEPER_WATCH_LIMIT={raw!r} is not" in done.stderr
+
+    @pytest.mark.parametrize("value", ["0", "", None])
+    def test_unset(self, value):
+        """Without it, poolkeeper is not even imported at startup."""
+        env = {k: v for k, v in os.environ.items() if k != "POOLKEEPER_WATCH"}
+        if value is not None:
+            env["POOLKEEPER_WATCH"] = value
+        done = _run_python(
+            "-c", "import sys; print('poolkeeper' in sys.modules)", env=env
+        )
+        assert ("False\n", "") == (done.stdout, done.stderr)

@@ -11,6 +11,8 @@ import math
 from typing import TYPE_CHECKING, Final
 from xml.sax.saxutils import escape, quoteattr
 
+from poolkeeper_daytona._report import capped
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
@@ -156,9 +158,15 @@ def _legend(phases: Sequence[PhaseResult]) -> list[str]:
 
 def _title(report: DemoReport) -> str:
     settings = report.settings
+    # Claim only the attempts that ran: the time cap may stop a phase early.
+    stopped = "".join(
+        f"; {phase.name} stopped by the {settings.seconds:g} s cap after "
+        f"{phase.attempts}"
+        for phase in capped(report)
+    )
     return (
         f"poolkeeper-daytona demo: {settings.threads} threads, "
-        f"{settings.attempts} create attempts per phase, "
+        f"{settings.attempts} create attempts per phase{stopped}, "
         f"{settings.failure_rate:.0%} injected failures"
     )
 

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
 from poolkeeper_daytona._chart import write_png, write_svg
-from poolkeeper_daytona._report import Progress, format_table, format_verdict
+from poolkeeper_daytona._report import (
+    Progress,
+    format_notes,
+    format_table,
+    format_verdict,
+)
 from poolkeeper_daytona._results import FD_TOLERANCE, DemoSettings
 
 if TYPE_CHECKING:
@@ -157,6 +162,7 @@ def _demo(args: argparse.Namespace) -> int:
         try:
             # Imported under the handler: loading the SDK takes seconds,
             # and a Ctrl-C meanwhile must stop cleanly too.
+            _echo("Loading the Daytona SDK (5 to 12 s on a first run)...")
             from poolkeeper_daytona._demo import run_demo  # noqa: PLC0415
 
             report = run_demo(settings, stop, progress, sys.stdout)
@@ -171,9 +177,9 @@ def _demo(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     _echo()
-    _echo(format_table(report.phases))
+    _echo(format_table(report.phases, settings.attempts))
+    _echo(format_notes(report))
     _echo()
-    _echo(format_verdict(report, FD_TOLERANCE))
     svg = write_svg(report, out_dir / f"{_CHART_NAME}.svg")
     _echo(f"Chart (SVG): {svg}")
     png = write_png(report, out_dir / f"{_CHART_NAME}.png")
@@ -181,6 +187,7 @@ def _demo(args: argparse.Namespace) -> int:
         _echo("Chart (PNG): skipped, matplotlib is not installed.")
     else:
         _echo(f"Chart (PNG): {png}")
+    _echo(format_verdict(report, FD_TOLERANCE))
     return 0 if report.is_ok else EXIT_GREW
 
 

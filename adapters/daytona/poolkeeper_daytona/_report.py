@@ -12,7 +12,13 @@ if TYPE_CHECKING:
     from poolkeeper_daytona._results import DemoReport, PhaseResult
     from poolkeeper_daytona._workload import Sample
 
-__all__ = ["Progress", "format_table", "format_verdict"]
+__all__ = [
+    "Progress",
+    "capped",
+    "format_notes",
+    "format_table",
+    "format_verdict",
+]
 
 _TTY_INTERVAL: Final = 0.2
 _PLAIN_INTERVAL: Final = 2.0
@@ -105,11 +111,46 @@ def _row(cells: Sequence[str]) -> str:
     return " ".join(parts).rstrip()
 
 
-def format_table(phases: Sequence[PhaseResult]) -> str:
+def capped(report: DemoReport) -> list[PhaseResult]:
+    """Return the phases the time cap stopped before their last attempt."""
+    planned = report.settings.attempts
+    return [phase for phase in report.phases if phase.attempts < planned]
+
+
+def format_notes(report: DemoReport) -> str:
+    """Explain the table's ``conns`` column and any phase the cap stopped.
+
+    Args:
+        report: The measurements.
+
+    Returns:
+        One line per note, without a trailing newline.
+    """
+    settings = report.settings
+    conns = (
+        "conns: TCP connections the emulator accepted from the phase's "
+        "clients. Each new client opens its own; one reused client keeps "
+        "reusing a few."
+    )
+    lines = [conns]
+    lines += [
+        f"* {phase.name}: stopped by the {settings.seconds:g} s time cap "
+        f"after {phase.attempts} of {settings.attempts} attempts "
+        "(--seconds raises the cap)."
+        for phase in capped(report)
+    ]
+    return "\n".join(lines)
+
+
+def format_table(
+    phases: Sequence[PhaseResult], planned: int | None = None
+) -> str:
     """Return one row per phase, under a header.
 
     Args:
         phases: The measured phases.
+        planned: Attempts each phase was to make; a phase that made fewer
+            (the time cap stopped it) is marked ``*``.
 
     Returns:
         The table, without a trailing newline.
@@ -119,7 +160,8 @@ def format_table(phases: Sequence[PhaseResult]) -> str:
         _row(
             [
                 phase.name,
-                str(phase.attempts),
+                f"{phase.attempts}"
+                + ("*" if planned and phase.attempts < planned else ""),
                 str(phase.failures),
                 str(phase.clients),
                 str(phase.connections),
@@ -149,8 +191,17 @@ def format_verdict(report: DemoReport, tolerance: int) -> str:
     if pooled is None:
         return "FAIL: the pooled phase did not run."
     verdict = "OK" if pooled.fd_growth <= tolerance else "FAIL"
+    naive = next((p for p in report.phases if p.name == "naive"), None)
+    leaked = (
+        ""
+        if naive is None
+        else f"a client per attempt leaked {naive.final.fds - naive.start.fds}"
+        f" fds in {naive.attempts} attempts; "
+    )
     return (
-        f"{verdict}: pooled fds after warm-up {pooled.warm.fds}, at the end "
+        f"{verdict}: {leaked}daytona_client() "
+        f"{'held fds flat' if verdict == 'OK' else 'let fds grow'}: "
+        f"pooled fds after warm-up {pooled.warm.fds}, at the end "
         f"{pooled.final.fds}: growth {pooled.fd_growth:+d} "
         f"(tolerance {tolerance})."
     )

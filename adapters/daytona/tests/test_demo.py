@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import os
@@ -20,9 +21,14 @@ import pytest
 from daytona_test_helpers import wait_for
 
 from poolkeeper_daytona import daytona_client
+from poolkeeper_daytona._chart import _title
 from poolkeeper_daytona._cli import main
 from poolkeeper_daytona._client import _ENV_VARS
-from poolkeeper_daytona._report import format_verdict
+from poolkeeper_daytona._report import (
+    format_notes,
+    format_table,
+    format_verdict,
+)
 from poolkeeper_daytona._results import (
     FD_TOLERANCE,
     DemoReport,
@@ -343,6 +349,50 @@ class TestVerdict:
         report.phases.append(_phase("naive", 20, 400))
         assert not report.is_ok
         assert format_verdict(report, FD_TOLERANCE).startswith("FAIL")
+
+
+class TestTimeCap:
+    """A phase stopped by the time cap says so in the table and the chart."""
+
+    def _report(self):
+        report = DemoReport(DemoSettings(attempts=120, seconds=15.0))
+        naive = dataclasses.replace(_phase("naive", 40, 300), attempts=74)
+        report.phases += [naive, _phase("pooled", 20, 20)]
+        return report
+
+    def test_table_marks_the_capped_phase(self):
+        """The capped phase's attempts carry a star, explained below."""
+        report = self._report()
+        rows = format_table(report.phases, 120).splitlines()[1:]
+        assert ["74*", "60*"] == [row.split()[1] for row in rows]
+        notes = format_notes(report).splitlines()
+        assert notes[0].startswith("conns: TCP connections")
+        assert (
+            "* naive: stopped by the 15 s time cap after 74 of 120 attempts "
+            "(--seconds raises the cap)."
+        ) == notes[1]
+
+    def test_full_phases_are_not_marked(self):
+        """A phase that made every attempt has no star and no note."""
+        report = DemoReport(DemoSettings(attempts=60))
+        report.phases.append(_phase("pooled", 20, 20))
+        assert (
+            "60" == format_table(report.phases, 60).splitlines()[1].split()[1]
+        )
+        assert 1 == len(format_notes(report).splitlines())
+
+    def test_chart_title(self):
+        """The chart's title claims only the attempts that ran."""
+        title = _title(self._report())
+        assert "naive stopped by the 15 s cap after 74" in title
+
+    def test_verdict_contrasts_the_phases(self):
+        """The verdict names the naive leak and the pooled growth."""
+        verdict = format_verdict(self._report(), FD_TOLERANCE)
+        assert verdict.startswith(
+            "OK: a client per attempt leaked 290 fds in 74 attempts; "
+            "daytona_client() held fds flat"
+        )
 
 
 class TestSampler:
