@@ -21,26 +21,32 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 
 class _Watcher(Protocol):
     def invalidate(self) -> None: ...
 
 
-_watchers: dict[str, weakref.WeakSet[_Watcher]] = {}
+# name -> {id(watcher): weak reference}. A plain dict of references rather
+# than a WeakSet: a write iterates only the watchers of the name written,
+# without WeakSet's iteration guard.
+_watchers: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
 
 
 def _changed(name: object) -> None:
+    # name passed the store's encodekey: a str, or bytes for os.environb.
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    watchers = _watchers.get(name) if isinstance(name, str) else None
-    if watchers:
-        for watcher in list(watchers):
-            watcher.invalidate()
+    refs = _watchers.get(name)  # type: ignore[call-overload]
+    if refs:
+        for ref in list(refs.values()):
+            watcher = ref()
+            if watcher is not None:
+                watcher.invalidate()
 
 
 def _swap(environ: object) -> bool:
@@ -49,21 +55,32 @@ def _swap(environ: object) -> bool:
         return True
 
     # The notification runs after the store returns: once the assignment
-    # (or del) has returned, every watcher is disarmed and outdated.
-    def __setitem__(self: object, key: object, value: object) -> None:  # noqa: N807
+    # (or del) has returned, every watcher is disarmed and outdated. A
+    # write of the value already there changes nothing and notifies no one.
+    def set_and_notify(self: Any, key: object, value: object) -> None:  # noqa: ANN401
+        name = self.encodekey(key)  # Raises the TypeError base would.
+        data = self._data
+        before = data.get(name)
+        base.__setitem__(self, key, value)  # type: ignore[index]
+        if data.get(name) != before:
+            _changed(key)
+
+    def set_always(self: object, key: object, value: object) -> None:
+        # Not the os._Environ layout: every write notifies.
         base.__setitem__(self, key, value)  # type: ignore[index]
         _changed(key)
 
-    def __delitem__(self: object, key: object) -> None:  # noqa: N807
+    def del_and_notify(self: object, key: object) -> None:
         base.__delitem__(self, key)  # type: ignore[attr-defined]
         _changed(key)
 
+    layout = hasattr(environ, "_data") and hasattr(environ, "encodekey")
     watched = type(
         base.__name__,
         (base,),
         {
-            "__setitem__": __setitem__,
-            "__delitem__": __delitem__,
+            "__setitem__": set_and_notify if layout else set_always,
+            "__delitem__": del_and_notify,
             "__module__": base.__module__,
             "__qualname__": base.__qualname__,
             "_poolkeeper_watched": True,
@@ -90,5 +107,17 @@ def watch(names: Iterable[str], watcher: _Watcher) -> bool:
     if not _install():
         return False
     for name in names:
-        _watchers.setdefault(name, weakref.WeakSet()).add(watcher)
+        refs = _watchers.setdefault(name, {})
+        ident = id(watcher)
+        refs[ident] = weakref.ref(watcher, _forgetter(refs, ident))
     return True
+
+
+def _forgetter(
+    refs: dict[int, weakref.ref[_Watcher]], ident: int
+) -> Callable[[weakref.ref[_Watcher]], None]:
+    def forget(ref: weakref.ref[_Watcher]) -> None:
+        if refs.get(ident) is ref:  # Not a newer watcher at the same id.
+            del refs[ident]
+
+    return forget

@@ -251,14 +251,31 @@ class Lifecycle(Generic[T]):
         # The key is pushed (no key, or keys.env): the hit path may be armed.
         self.pushed = pushed
         self.min_interval = min_interval
-        # Arms the hit path with a client, or disarms it with None.
+        # Arms the hit path with a client, or disarms it with None; armed
+        # is what it was last armed with (see _arm and _disarm).
         self.switch = switch or _nothing
+        self.armed: object = None
         self.slots: dict[object, Slot] = {}
         self.overrides: tuple[tuple[object, object], ...] = ()
         # Bumped by every change of a watched environment variable.
         self.epoch = 0
         self.fork_errors: list[BaseException] = []
         self._zero()
+
+    # The switch is a class attribute store (a stop-the-world update on
+    # free-threaded builds): skip it when it would change nothing. armed is
+    # set before arming and cleared after disarming, so an exception
+    # between the two steps can only cost a redundant switch later, never
+    # leave the hit path armed with armed saying otherwise.
+    def _arm(self, client: object) -> None:
+        if self.armed is not client:
+            self.armed = client
+            self.switch(client)
+
+    def _disarm(self) -> None:
+        if self.armed is not None:
+            self.switch(None)
+            self.armed = None
 
     def _zero(self) -> None:
         # Counters are per process: a forked child starts from zero. The
@@ -325,7 +342,7 @@ class Lifecycle(Generic[T]):
             # Arm only if no watched variable changed since the key was
             # read: invalidate() bumps the epoch under this lock.
             if self.pushed and epoch == self.epoch and not self.overrides:
-                self.switch(live.client)
+                self._arm(live.client)
             return Serve(live)
         if slot.build is not None:
             return Wait(slot.build)
@@ -352,7 +369,7 @@ class Lifecycle(Generic[T]):
             return
         # Replacing a live client disarms first: nobody may be served
         # a client whose close has started.
-        self.switch(None)
+        self._disarm()
         slot = ticket.slot
         new: Record[T] = Record(client, ticket, self.generation + 1)
         new.fingerprint = fingerprint
@@ -418,7 +435,7 @@ class Lifecycle(Generic[T]):
         if now - slot.built_at < self.min_interval:
             self.resets_refused += 1
             return False
-        self.switch(None)
+        self._disarm()
         retired, out, state, box = self._retire(slot, live, keep=None)
         (slot.live, slot.retired, box.state, doomed[:]) = (
             None, retired, state, out,
@@ -428,7 +445,7 @@ class Lifecycle(Generic[T]):
     @_locked
     def detach(self, doomed: list[Record[T]]) -> None:
         """Retire every slot's live client, ignoring the rate limit."""
-        self.switch(None)
+        self._disarm()
         out: list[Record[T]] = []
         for slot in list(self.slots.values()):
             live = slot.live
@@ -481,23 +498,25 @@ class Lifecycle(Generic[T]):
 
     # -- environment, overrides ---------------------------------------------
 
-    @_locked
     def invalidate(self) -> None:
-        """A watched variable changed: disarm and outdate keys read before."""
-        self.switch(None)
-        self.epoch += 1
+        """A watched variable changed: disarm and outdate keys read before.
+
+        Runs on every write of a watched variable, so it takes the lock
+        itself, on one line as ``_locked`` does, without its wrapper.
+        """
+        with self.lock: self._disarm(); self.epoch += 1  # noqa: E701, E702  # fmt: skip
 
     @_locked
     def push_override(self, token: object, obj: object) -> None:
         """Serve *obj* until the override named *token* is popped."""
         self.overrides = (*self.overrides, (token, obj))
         if self.pushed:
-            self.switch(obj)
+            self._arm(obj)
 
     @_locked
     def pop_override(self, token: object) -> None:
         """End the override named *token*, wherever it is in the stack."""
-        self.switch(None)
+        self._disarm()
         self.overrides = tuple(o for o in self.overrides if o[0] is not token)
 
     # -- fork ---------------------------------------------------------------
@@ -510,6 +529,7 @@ class Lifecycle(Generic[T]):
         """
         self.lock = threading.RLock()
         self.switch(None)
+        self.armed = None
         for slot in self.slots.values():
             slot.build = None
         if keep:

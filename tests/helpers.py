@@ -127,6 +127,8 @@ def blocked_in(function: str, n: int, timeout: float = WAIT) -> bool:
 
     Forces a race instead of hoping for it: the test proceeds only once
     the other callers are provably waiting, whatever the scheduler did.
+    A builder waiting inside the factory (under ``_build``) is not one of
+    them: it is building, not waiting for a build.
     """
 
     def count() -> int:
@@ -135,7 +137,7 @@ def blocked_in(function: str, n: int, timeout: float = WAIT) -> bool:
             if frame.f_code.co_name != "wait":
                 continue
             back = frame.f_back
-            while back is not None:
+            while back is not None and back.f_code.co_name != "_build":
                 if back.f_code.co_name == function:
                     found += 1
                     break

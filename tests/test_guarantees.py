@@ -123,8 +123,9 @@ class TestNoStaleKey:
         env["PK_G_KEY"] = "old"
         single = env_single()
         old = single()
-        env["PK_G_KEY"] = "old"  # Disarm.
-        pause = Pause("request", "self.switch(live.client)")
+        env["PK_G_KEY"] = "other"  # Disarm (a write of the same value
+        env["PK_G_KEY"] = "old"  # would not), and back.
+        pause = Pause("request", "self._arm(live.client)")
         thread, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)  # Holding the lock, about to arm.
         writer, _ = run(lambda: env.__setitem__("PK_G_KEY", "new"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 import pytest
@@ -78,6 +79,30 @@ class TestEnvKey:
 
         assert old is single()
         assert 1 == factory.calls
+
+    def test_same_value_write_keeps_the_hit_path_armed(self, env):
+        """Writing the value already there invalidates nothing at all."""
+        single = process_singleton(key=keys.env("PK_TEST_KEY"))(Factory())
+        single()
+        epoch = single._self_life.epoch
+
+        os.environ["PK_TEST_KEY"] = SECRET
+        os.environb[b"PK_TEST_KEY"] = SECRET.encode()
+
+        assert epoch == single._self_life.epoch
+        assert [] == _frames_of(single)
+
+    def test_write_disarms_only_the_watchers_of_that_name(self, env):
+        """A write to one name leaves singletons keyed on others armed."""
+        by_key = process_singleton(key=keys.env("PK_TEST_KEY"))(Factory())
+        by_url = process_singleton(key=keys.env("PK_TEST_URL"))(Factory())
+        by_key()
+        by_url()
+
+        os.environ["PK_TEST_KEY"] = "rotated"
+
+        assert [] == _frames_of(by_url)
+        assert [] != _frames_of(by_key)
 
     def test_unrelated_variables_do_not_matter(self, env):
         """A change to a variable outside the key keeps the client."""
@@ -404,6 +429,22 @@ class TestHitPath:
             sys.setprofile(None)
 
         assert [] == [f for f in frames if f != "setprofile"]
+
+
+def _frames_of(single: object) -> list[str]:
+    """The Python functions one call of *single* runs (none when armed)."""
+    frames: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name != "setprofile":
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        single()
+    finally:
+        sys.setprofile(None)
+    return frames
 
 
 def test_fingerprint_is_exported():
