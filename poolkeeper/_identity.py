@@ -118,7 +118,15 @@ def evaluate_key(
     """
     if key is None:
         return 0, None
-    value = key()
+    return hash_key(key(), name)
+
+
+def hash_key(value: object, name: str) -> tuple[int, object]:
+    """Return ``(hash, value)`` of a key's *value*.
+
+    Raises:
+        TypeError: If the value is unhashable, naming the factory.
+    """
     try:
         return hash(value), value
     except TypeError:

@@ -245,6 +245,7 @@ class Lifecycle(Generic[T]):
         pushed: bool,
         min_interval: float,
         switch: Callable[[object], None] | None = None,
+        arm_polled: Callable[[Record[T]], None] | None = None,
     ) -> None:
         self.name = name
         self.lock = threading.RLock()
@@ -254,6 +255,9 @@ class Lifecycle(Generic[T]):
         # Arms the hit path with a client, or disarms it with None; armed
         # is what it was last armed with (see _arm and _disarm).
         self.switch = switch or _nothing
+        # Arms the hit path of a polled key with a record: it serves that
+        # record's client while the key still returns what it was built for.
+        self.arm_polled = arm_polled
         self.armed: object = None
         self.slots: dict[object, Slot] = {}
         self.overrides: tuple[tuple[object, object], ...] = ()
@@ -267,10 +271,13 @@ class Lifecycle(Generic[T]):
     # set before arming and cleared after disarming, so an exception
     # between the two steps can only cost a redundant switch later, never
     # leave the hit path armed with armed saying otherwise.
-    def _arm(self, client: object) -> None:
+    def _arm(self, client: object, record: Record[T] | None = None) -> None:
         if self.armed is not client:
             self.armed = client
-            self.switch(client)
+            if record is None:
+                self.switch(client)
+            elif self.arm_polled is not None:
+                self.arm_polled(record)
 
     def _disarm(self) -> None:
         if self.armed is not None:
@@ -341,8 +348,8 @@ class Lifecycle(Generic[T]):
         if live is not None and live.matches(key_hash, key):
             # Arm only if no watched variable changed since the key was
             # read: invalidate() bumps the epoch under this lock.
-            if self.pushed and epoch == self.epoch and not self.overrides:
-                self._arm(live.client)
+            if epoch == self.epoch and not self.overrides:
+                self._arm(live.client, None if self.pushed else live)
             return Serve(live)
         if slot.build is not None:
             return Wait(slot.build)
@@ -512,6 +519,8 @@ class Lifecycle(Generic[T]):
         self.overrides = (*self.overrides, (token, obj))
         if self.pushed:
             self._arm(obj)
+        else:
+            self._disarm()
 
     @_locked
     def pop_override(self, token: object) -> None:

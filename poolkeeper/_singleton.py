@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
+import weakref
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    TypeAlias,
+    TypeVar,
+    cast,
+    final,
+)
 
 import wrapt
 
@@ -17,19 +25,27 @@ from poolkeeper._close import Closer, run_each
 from poolkeeper._identity import (
     Identity,
     evaluate_key,
+    hash_key,
     key_fingerprint,
     no_arguments,
     report_fork_errors,
     too_many_rounds,
 )
-from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._lifecycle import (
+    MAX_ROUNDS,
+    Build,
+    ClientState,
+    Lifecycle,
+    Serve,
+)
 from poolkeeper._proxy import ClientProxy
 from poolkeeper._waits import building, waiting
 from poolkeeper.exceptions import PoolkeeperError
 from poolkeeper.keys import EnvKey
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
     from poolkeeper._stats import Statistics
@@ -42,6 +58,12 @@ else:
     _Proxy = wrapt.CallableObjectProxy
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    # What a lease needs, read from the singleton once (see _Lease).
+    _LeaseParts: TypeAlias = tuple[
+        "weakref.ReferenceType[Any]", "Lifecycle[T]", "Slot", Closer, str
+    ]
 
 log = logging.getLogger("poolkeeper")
 
@@ -73,6 +95,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_life: Lifecycle[T]
     _self_slot: Slot
     _self_closer: Closer
+    _self_lease: _LeaseParts[T]
 
     # The hit path. Each singleton has its own subclass (see make), and
     # while a client is live and its key cannot have changed, that class's
@@ -100,7 +123,15 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         overrides = self._self_life.overrides
         if overrides:
             return cast("T", overrides[-1][1])
-        return self._acquire().client
+        return self._acquire(_NOTHING).client
+
+    def _miss(self, value: object) -> T:
+        # A polled hit path's miss, with the key value it read: the key is
+        # evaluated once per call.
+        overrides = self._self_life.overrides
+        if overrides:
+            return cast("T", overrides[-1][1])
+        return self._acquire(value).client
 
     def _setup(
         self,
@@ -120,10 +151,20 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             pushed=key is None,
             min_interval=min_rebuild_interval,
             switch=functools.partial(_switch, type(self), name),
+            arm_polled=None
+            if key is None
+            else functools.partial(_arm_polled, type(self), key),
         )
         self._self_life = life
         self._self_slot = life.open_slot(None, None)[0]
         self._self_closer = Closer(life, close, is_async=False)
+        self._self_lease = (
+            weakref.ref(self),
+            life,
+            self._self_slot,
+            self._self_closer,
+            name,
+        )
         entry = _registry.Entry(
             life, self._self_closer, after_fork, keep=fork == "keep"
         )
@@ -135,7 +176,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    def _acquire(self) -> Record[T]:
+    def _acquire(self, value: object) -> Record[T]:
         life = self._self_life
         slot = self._self_slot
         if life.fork_errors:
@@ -148,14 +189,13 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                 # The epoch is read before the key: a change between the
                 # two keeps the hit path disarmed (see Lifecycle.request).
                 epoch = life.epoch
-                key_hash, key = evaluate_key(self._self_key, self._self_name)
-                live = slot.live
-                if (
-                    not life.pushed
-                    and live is not None
-                    and live.matches(key_hash, key)
-                ):
-                    return live  # A polled key's hit: no lock.
+                if value is _NOTHING:
+                    key_hash, key = evaluate_key(
+                        self._self_key, self._self_name
+                    )
+                else:  # Read by the polled hit path, after the epoch.
+                    key_hash, key = hash_key(value, self._self_name)
+                    value = _NOTHING
             else:
                 # The builder is served what it built, if still live.
                 key_hash, key, built = built.key_hash, built.key.value, None
@@ -246,39 +286,18 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         finally:
             self._close(doomed)
 
-    @contextlib.contextmanager
-    def lease(self) -> Generator[T, None, None]:
+    def lease(self) -> AbstractContextManager[T]:
         """Pin the live client for the duration of a ``with`` block.
 
         If the client is retired meanwhile (key change, ``reset()``,
         ``close_all()``), its close waits until the last lease on it exits.
         Use it around work that must not see its client closed underneath.
 
-        Yields:
-            The live client, as a call would return it.
+        Returns:
+            A context manager whose ``with`` block gets the live client,
+            as a call would return it. Enter it once.
         """
-        life = self._self_life
-        overrides = life.overrides
-        if overrides:
-            yield cast("T", overrides[-1][1])
-            return
-        record: Record[T] | None = None
-        try:
-            for _ in range(MAX_ROUNDS):
-                candidate = self._acquire()
-                if life.lease(self._self_slot, candidate):
-                    record = candidate
-                    break
-            else:
-                raise too_many_rounds(self._self_name, "lease")
-            yield record.client
-        finally:
-            if record is not None:
-                doomed: list[Record[T]] = []
-                try:
-                    life.unlease(record, doomed)
-                finally:
-                    self._close(doomed)
+        return _Lease(self._self_lease)
 
     def proxy(self) -> T:
         """Return a handle that resolves to the live client on every use.
@@ -370,6 +389,59 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     return self
 
 
+@final
+class _Lease(Generic[T]):
+    """``with single.lease() as client:``; a class, not a generator: cheap.
+
+    Holds the singleton weakly: a lease of a dropped singleton still ends
+    (and closes its client then), as ``close_all()`` promises.
+    """
+
+    __slots__ = ("_parts", "_record")
+
+    def __init__(self, parts: _LeaseParts[T]) -> None:
+        self._parts = parts
+        self._record: Record[T] | None = None
+
+    def __enter__(self) -> T:
+        if self._record is not None:
+            msg = "A lease is entered once; call lease() for another."
+            raise RuntimeError(msg)
+        ref, life, slot, _, name = self._parts
+        single: ProcessSingleton[T] | None = ref()
+        if single is None:  # Dropped between lease() and entering it.
+            msg = f"The singleton {name} was garbage collected."
+            raise ReferenceError(msg)
+        for _ in range(MAX_ROUNDS):
+            overrides = life.overrides
+            if overrides:
+                return cast("T", overrides[-1][1])
+            # The hit path (armed: no Python frame), then pin the record
+            # that holds what it returned, if that is still the live one.
+            client = single()
+            record = slot.live
+            if (
+                record is not None
+                and record.client is client
+                and life.lease(slot, record)
+            ):
+                self._record = record
+                return client
+        raise too_many_rounds(name, "lease")
+
+    def __exit__(self, *exc_info: object) -> None:
+        record = self._record
+        if record is None:
+            return
+        self._record = None
+        _, life, _, closer, _ = self._parts
+        doomed: list[Record[T]] = []
+        try:
+            life.unlease(record, doomed)
+        finally:
+            run_each(functools.partial(closer.close, r) for r in doomed)
+
+
 def _switch(cls: type, name: str, client: object) -> None:
     """Arm *cls*'s hit path with *client*, or disarm it (None)."""
     target = _slow_call if client is None else _armed(client, name)
@@ -378,7 +450,36 @@ def _switch(cls: type, name: str, client: object) -> None:
     type.__setattr__(cls, "__call__", target)
 
 
-_slow_call: object = ProcessSingleton.__dict__["__call__"]
+_slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
+
+
+def _arm_polled(
+    cls: type, key: Callable[[], object], record: Record[T]
+) -> None:
+    """Arm *cls*'s hit path for a key that is polled on every call.
+
+    The armed ``__call__`` evaluates the key and returns *record*'s client
+    while the value is the one it was built for (by value, as
+    :meth:`Record.matches` compares) and the record is live; anything else
+    takes the slow path. One Python frame, plus the key's own.
+    """
+    client = record.client
+    value = record.key.value
+    value_hash = record.key_hash
+    live = ClientState.LIVE
+
+    def polled(
+        self: ProcessSingleton[T], *args: object, **kwargs: object
+    ) -> T:
+        if args or kwargs:
+            return cast("T", _slow_call(self, *args, **kwargs))
+        now = key()
+        same = now is value or (now == value and hash(now) == value_hash)
+        # One line: no line event between the state check and the return.
+        if same and record.state is live: return client  # noqa: E701  # fmt: skip
+        return self._miss(now)
+
+    type.__setattr__(cls, "__call__", polled)
 
 
 def _armed(client: object, name: str) -> object:

@@ -117,6 +117,40 @@ class TestNoClosedClient:
         assert [] == bad
 
 
+class TestLeaseNeverRetired:
+    def test_retire_between_hit_and_pin_leases_the_new_client(self):
+        """close_all() after the lease's hit, before its pin: it pins anew."""
+        single = process_singleton(Factory())
+        first = single()
+        pause = Pause("__enter__", "and life.lease(slot, record)")
+        box: list[object] = []
+
+        def lease():
+            with single.lease() as leased:
+                box.append((leased, leased.closed))
+
+        thread, _ = run(pause.run(lease))
+        assert pause.reached.wait(WAIT)
+        close_all()
+        assert first.closed
+        pause.release.set()
+        join(thread)
+        leased, was_closed = box[0]
+        assert leased is not first
+        assert not was_closed
+        assert leased is single()
+
+    def test_a_lease_is_entered_once(self):
+        """Entering one lease twice is an error, not a lost pin."""
+        single = process_singleton(Factory())
+        lease = single.lease()
+        with lease:
+            with pytest.raises(RuntimeError, match="entered once"):
+                lease.__enter__()
+        single.reset()
+        assert 1 == single.statistics().closes
+
+
 class TestNoStaleKey:
     def test_call_after_a_write_never_gets_the_old_client(self, env):
         """A caller that read the old key cannot arm it after the write."""
@@ -125,7 +159,7 @@ class TestNoStaleKey:
         old = single()
         env["PK_G_KEY"] = "other"  # Disarm (a write of the same value
         env["PK_G_KEY"] = "old"  # would not), and back.
-        pause = Pause("request", "self._arm(live.client)")
+        pause = Pause("request", "self._arm(live.client")
         thread, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)  # Holding the lock, about to arm.
         writer, _ = run(lambda: env.__setitem__("PK_G_KEY", "new"))

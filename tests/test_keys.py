@@ -272,6 +272,43 @@ class TestCustomKeys:
         assert 3 == len(calls)
         assert 2 == factory.calls
 
+    def test_polled_hit_runs_one_frame_besides_the_key(self):
+        """A built singleton's polled hit runs its key and one frame."""
+
+        def key():
+            return ("https://api.example", "key-id")
+
+        single = process_singleton(key=key)(Factory())
+        single()
+
+        assert ["polled", "key"] == _frames_of(single)
+
+    def test_polled_hit_follows_a_change_of_key(self):
+        """The armed polled hit notices a new key value on the next call."""
+        value = ["a"]
+        single = process_singleton(key=lambda: value[0])(Factory())
+        old = single()
+        assert old is single()
+
+        value[0] = "b"
+        new = single()
+
+        assert new is not old
+        assert old.closed
+        assert new is single()
+        assert ["polled", "<lambda>"] == _frames_of(single)
+
+    def test_override_wins_over_an_armed_polled_hit(self):
+        """An override pushed while the polled hit is armed is served."""
+        single = process_singleton(key=lambda: "k")(Factory())
+        live = single()
+        single()
+        stand_in = FakeClient("stand-in")
+
+        with single.override(stand_in):
+            assert stand_in is single()
+        assert live is single()
+
     def test_tuple_of_keys_is_combined(self, env):
         """A tuple of key functions rebuilds when any of them changes."""
         extra = ["x"]
