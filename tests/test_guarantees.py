@@ -144,9 +144,8 @@ class TestLeaseNeverRetired:
         """Entering one lease twice is an error, not a lost pin."""
         single = process_singleton(Factory())
         lease = single.lease()
-        with lease:
-            with pytest.raises(RuntimeError, match="entered once"):
-                lease.__enter__()
+        with lease, pytest.raises(RuntimeError, match="entered once"):
+            lease.__enter__()
         single.reset()
         assert 1 == single.statistics().closes
 
