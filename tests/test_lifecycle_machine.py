@@ -101,6 +101,7 @@ class LifecycleRules(RuleBasedStateMachine):
         self.abandoned: list[Client] = []
         self.closes = 0
         self.generations: list[int] = []
+        self.builds = self.failures = 0
         self.tokens = 0
 
     # -- helpers ------------------------------------------------------------
@@ -128,6 +129,22 @@ class LifecycleRules(RuleBasedStateMachine):
         slot, replaced = self.life.open_slot(self.loops, lambda: loop)
         assert replaced is None
         self.slots.append(slot)
+
+    @precondition(lambda self: not self.sync and self.slots)
+    @rule(at=AT)
+    def loop_id_reused(self, at: int) -> None:
+        """A new loop has a dead loop's id: its slot replaces the old one."""
+        index = at % len(self.slots)
+        stale = self.slots[index]
+        loop = object()
+        slot, replaced = self.life.open_slot(stale.key, lambda: loop)
+        assert replaced is stale
+        assert slot is self.life.slots[stale.key]
+        doomed: list[Record[Client]] = []
+        self.life.close_slot(stale, doomed)
+        assert slot is self.life.slots[stale.key]  # The new one stays.
+        self.slots[index] = slot
+        self._close(doomed)
 
     @precondition(lambda self: not self.sync and self.slots)
     @rule(at=AT)
@@ -190,6 +207,7 @@ class LifecycleRules(RuleBasedStateMachine):
             generation = ticket.record.generation
             assert all(g < generation for g in self.generations)
             self.generations.append(generation)
+            self.builds += 1
         if live is not None and live.client is client:
             # The factory returned the live object: nothing is closed.
             assert [] == doomed
@@ -205,6 +223,7 @@ class LifecycleRules(RuleBasedStateMachine):
         ticket = self.pending.pop(at % len(self.pending))
         live = ticket.slot.live
         self.life.failed(ticket, None if cancelled else OSError("down"))
+        self.failures += not cancelled
         assert ticket.finished
         assert ticket.slot.build is not ticket
         assert live is ticket.slot.live
@@ -288,7 +307,7 @@ class LifecycleRules(RuleBasedStateMachine):
         assert self.slots == list(self.life.slots.values())
         self.leased.clear()  # Leases are held by the parent's threads.
         self.generations.clear()  # Counters are per process.
-        self.closes = 0
+        self.closes = self.builds = self.failures = 0
 
     # -- invariants -----------------------------------------------------------
 
@@ -333,9 +352,20 @@ class LifecycleRules(RuleBasedStateMachine):
 
     @invariant()
     def counters_add_up(self) -> None:
-        """Every close is counted, and every build."""
-        assert self.closes == self.life.closes
-        assert len(self.generations) == len(set(self.generations))
+        """Every close, build and failure is counted; one read shows all."""
+        slot = self.slots[0] if self.slots else None
+        stats = self.life.statistics(slot)
+        holders = list(self.life._holders())
+        assert self.closes == stats.closes
+        assert self.builds == stats.builds
+        assert self.failures == stats.build_failures
+        assert sum(r.leases for r in holders) == stats.leases
+        assert sum(r.state is ClientState.RETIRED for r in holders) == (
+            stats.pending_close
+        )
+        assert bool(self.life.overrides) is stats.is_overridden
+        live = None if slot is None else slot.live
+        assert (0 if live is None else live.generation) == stats.generation
 
     def teardown(self) -> None:
         """Drain: builds fail, leases end, everything closes exactly once."""
