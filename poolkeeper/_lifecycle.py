@@ -298,7 +298,13 @@ class Lifecycle(Generic[T]):
         """
         out = [r for r in (slot.live, *slot.retired) if r is not None]
         rest = [r for r in self._holders() if r not in out]
-        close = [r for r in out if not self._shared(r, rest)]
+        # One close per object: the slot may hold an object twice (a
+        # leased client the factory returned again), or share it with
+        # another slot, which then keeps it.
+        close: list[Record[Any]] = []
+        for record in out:
+            if not self._shared(record, (*rest, *close)):
+                close.append(record)
         for record in out:
             record.state = ClientState.CLOSED
         if self.slots.get(slot.key) is slot:

@@ -427,7 +427,7 @@ class TestLifecycleMachines:
         _run(machine, _examples(default), 50)
 
 
-class TestDroppedSlotRegressions:
+class TestRegressions:
     """Counterexamples the machine found, kept as plain tests."""
 
     def _life(self) -> tuple[Lifecycle[Client], Slot]:
@@ -478,6 +478,25 @@ class TestDroppedSlotRegressions:
         assert [client] == [r.client for r in doomed]
         assert ClientState.CLOSED is doomed[0].state
         assert old.build is None
+
+    def test_loop_end_closes_an_object_held_twice_once(self):
+        """A leased client the factory returned again is closed once."""
+        life, slot = self._life()
+        client = Client("a")
+        self._build(life, slot, client)
+        leased = slot.live
+        assert life.lease(slot, leased)
+        step = life.request(slot, hash("b"), "b", life.epoch, None, object)
+        assert isinstance(step, Build)
+        doomed: list[Record[Client]] = []
+        life.built(step.ticket, client, None, 0.0, doomed)
+        assert [] == doomed
+        assert (leased,) == slot.retired
+        life.close_slot(slot, doomed)
+        assert [client] == [r.client for r in doomed]
+        after: list[Record[Client]] = []
+        life.unlease(leased, after)
+        assert [] == after
 
 
 class AsyncClient:
