@@ -419,7 +419,7 @@ class TestLifecycleMachines:
 
     @pytest.mark.parametrize(
         ("machine", "default"),
-        [(SyncRules, 80), (LifecycleRules, 150)],
+        [(SyncRules, 50), (LifecycleRules, 100)],
         ids=["sync", "async"],
     )
     def test_rules_hold(self, machine, default):
