@@ -322,7 +322,13 @@ class Lifecycle(Generic[T]):
         """
         out = [r for r in (slot.live, *slot.retired) if r is not None]
         rest = [r for r in self._holders() if r not in out]
-        close = [r for r in out if not self._shared(r, rest)]
+        # One close per object: the slot may hold an object twice (a
+        # leased client the factory returned again), or share it with
+        # another slot, which then keeps it.
+        close: list[Record[Any]] = []
+        for record in out:
+            if not self._shared(record, (*rest, *close)):
+                close.append(record)
         for record in out:
             record.state = ClientState.CLOSED
         if self.slots.get(slot.key) is slot:
@@ -380,15 +386,18 @@ class Lifecycle(Generic[T]):
         slot = ticket.slot
         new: Record[T] = Record(client, ticket, self.generation + 1)
         new.fingerprint = fingerprint
+        build = None if slot.build is ticket else slot.build
         if slot.dropped:
-            # The slot's loop ended (or a fork dropped it) meanwhile.
-            (new.state, ticket.finished, doomed[:]) = (
-                ClientState.CLOSED, True, [new],
+            # The slot's loop ended (or a fork dropped it) meanwhile: the
+            # client goes unused, and is closed unless the factory returned
+            # an object live in another slot, which keeps it.
+            out = [] if self._shared(new, self._holders()) else [new]
+            (new.state, slot.build, ticket.finished, doomed[:]) = (
+                ClientState.CLOSED, build, True, out,
             )  # fmt: skip
             return
         old = slot.live
         retired, out, state, box = self._retire(slot, old, keep=new)
-        build = None if slot.build is ticket else slot.build
         (
             slot.live, slot.build, slot.built_at, slot.retired,
             box.state, self.generation, self.builds, ticket.record,

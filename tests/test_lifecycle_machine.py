@@ -1,0 +1,622 @@
+"""State machines over the I/O-free lifecycle, and one over real loops.
+
+The first machines drive ``poolkeeper._lifecycle.Lifecycle`` directly: no
+threads, no loops, so Hypothesis runs thousands of steps a second through
+every interleaving of requests, builds (finishing in any order, returning
+new or already-held objects), failures, leases, resets, environment
+changes, overrides, shutdown, loop ends and fork, over one slot (the sync
+rules) or several (the async rules, one slot per loop).
+
+``POOLKEEPER_MACHINE_EXAMPLES`` sets the number of examples of every
+machine here (CI keeps it small); ``HYPOTHESIS_PROFILE=soak`` does too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from poolkeeper import process_singleton
+from poolkeeper._lifecycle import (
+    Build,
+    ClientState,
+    Lifecycle,
+    Record,
+    Serve,
+    Slot,
+    Ticket,
+    Wait,
+)
+
+# Keys compare by value: -1 and -2 share a hash() in CPython.
+KEYS = ("a", "b", -1, -2)
+# Picks an element of a list, modulo its length.
+AT = st.integers(0, 7)
+
+
+def _examples(default: int) -> int:
+    """The examples to run: *default*, or what the environment asks for."""
+    wanted = os.environ.get("POOLKEEPER_MACHINE_EXAMPLES")
+    if wanted:
+        return int(wanted)
+    if os.environ.get("HYPOTHESIS_PROFILE") == "soak":
+        return 20_000
+    return default
+
+
+class Client:
+    """A built object; counts its closes."""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+        self.closes = 0
+
+
+class LifecycleRules(RuleBasedStateMachine):
+    """Every transition, in any order; the rules' invariants hold.
+
+    The environment holds one key (``env``); a change of it is an
+    invalidate(). A call reads the epoch and the key, maybe before the
+    latest change (a stale read), and asks the lifecycle what to do.
+    """
+
+    steps = 0
+    #: The sync rules: the process's one slot, and the hit path.
+    sync = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed: list[object] = [None]
+        self.life: Lifecycle[Client] = Lifecycle(
+            "machine",
+            pushed=self.sync,
+            min_interval=0.0,
+            switch=self.armed.append,
+        )
+        self.slots: list[Slot] = []
+        self.loops = 0
+        if self.sync:
+            self.slots.append(self.life.open_slot(None, None)[0])
+        else:
+            self.open_loop_slot()
+        self.env: object = KEYS[0]
+        # (epoch, key) for every value the environment has held.
+        self.history: list[tuple[int, object]] = [(0, self.env)]
+        self.pending: list[Ticket] = []
+        self.leased: list[Record[Client]] = []
+        self.made: list[Client] = []
+        self.abandoned: list[Client] = []
+        self.closes = 0
+        self.generations: list[int] = []
+        self.builds = self.failures = 0
+        self.tokens = 0
+
+    # -- helpers ------------------------------------------------------------
+
+    def _close(self, doomed: list[Record[Client]]) -> None:
+        for record in doomed:
+            assert ClientState.CLOSED is record.state
+            assert record.client not in self.abandoned
+            record.client.closes += 1
+            self.closes += 1
+            self.life.closed(ok=True)
+
+    def _held(self) -> list[Client]:
+        """Clients of live or retired records: objects still in use."""
+        return [r.client for r in self.life._holders()]
+
+    # -- the async rules: more slots -----------------------------------------
+
+    @precondition(lambda self: not self.sync and len(self.slots) < 3)
+    @rule()
+    def open_loop_slot(self) -> None:
+        """One more slot, as for one more event loop."""
+        self.loops += 1
+        loop = object()
+        slot, replaced = self.life.open_slot(self.loops, lambda: loop)
+        assert replaced is None
+        self.slots.append(slot)
+
+    @precondition(lambda self: not self.sync and self.slots)
+    @rule(at=AT)
+    def loop_id_reused(self, at: int) -> None:
+        """A new loop has a dead loop's id: its slot replaces the old one."""
+        index = at % len(self.slots)
+        stale = self.slots[index]
+        loop = object()
+        slot, replaced = self.life.open_slot(stale.key, lambda: loop)
+        assert replaced is stale
+        assert slot is self.life.slots[stale.key]
+        doomed: list[Record[Client]] = []
+        self.life.close_slot(stale, doomed)
+        assert slot is self.life.slots[stale.key]  # The new one stays.
+        self.slots[index] = slot
+        self._close(doomed)
+
+    @precondition(lambda self: not self.sync and self.slots)
+    @rule(at=AT)
+    def loop_ends(self, at: int) -> None:
+        """A loop ends: its slot closes everything, leased or not."""
+        slot = self.slots.pop(at % len(self.slots))
+        doomed: list[Record[Client]] = []
+        self.life.close_slot(slot, doomed)
+        assert slot.dropped
+        assert slot.key not in self.life.slots
+        self._close(doomed)
+
+    # -- calls ----------------------------------------------------------------
+
+    @precondition(lambda self: self.slots)
+    @rule(at=AT, back=st.integers(0, 3))
+    def request(self, at: int, back: int) -> None:
+        """A call asks for the key it read, perhaps before a change."""
+        slot = self.slots[at % len(self.slots)]
+        # back > 0: the call read the epoch and key before a change.
+        epoch, key = self.history[max(0, len(self.history) - 1 - back)]
+        armed = len(self.armed)
+        step = self.life.request(slot, hash(key), key, epoch, None, object)
+        if isinstance(step, Serve):
+            record = step.record
+            assert ClientState.LIVE is record.state
+            assert record is slot.live
+            assert record.matches(hash(key), key)
+            assert 0 == record.client.closes
+        elif isinstance(step, Wait):
+            assert step.ticket is slot.build
+            assert not step.ticket.finished
+        else:
+            assert isinstance(step, Build)
+            assert step.ticket is slot.build
+            self.pending.append(step.ticket)
+        if epoch != self.life.epoch or not self.sync:
+            # A stale read never arms the hit path; loops have none.
+            assert armed == len(self.armed)
+
+    @precondition(lambda self: self.pending)
+    @rule(at=AT, reuse=st.booleans(), pick=AT)
+    def build(self, at: int, reuse: bool, pick: int) -> None:
+        """A build finishes: a new object, or one already in use."""
+        ticket = self.pending.pop(at % len(self.pending))
+        held = self._held()
+        if reuse and held:
+            client = held[pick % len(held)]
+        else:
+            client = Client(ticket.key.value)
+            self.made.append(client)
+        live = ticket.slot.live
+        doomed: list[Record[Client]] = []
+        self.life.built(ticket, client, None, 0.0, doomed)
+        assert self.armed[-1] is None  # Replacing a live client disarms.
+        assert ticket.finished
+        assert ticket.slot.build is not ticket
+        if not ticket.slot.dropped:
+            assert ticket.record is ticket.slot.live
+            generation = ticket.record.generation
+            assert all(g < generation for g in self.generations)
+            self.generations.append(generation)
+            self.builds += 1
+        if live is not None and live.client is client:
+            # The factory returned the live object: nothing is closed.
+            assert [] == doomed
+        again: list[Record[Client]] = []
+        self.life.built(ticket, client, None, 0.0, again)  # Idempotent.
+        assert [] == again
+        self._close(doomed)
+
+    @precondition(lambda self: self.pending)
+    @rule(at=AT, cancelled=st.booleans())
+    def fail(self, at: int, cancelled: bool) -> None:
+        """A build raises (or is cancelled); nothing is cached."""
+        ticket = self.pending.pop(at % len(self.pending))
+        live = ticket.slot.live
+        self.life.failed(ticket, None if cancelled else OSError("down"))
+        self.failures += not cancelled
+        assert ticket.finished
+        assert ticket.slot.build is not ticket
+        assert live is ticket.slot.live
+        self.life.failed(ticket, None)  # Idempotent.
+
+    @precondition(lambda self: self.slots)
+    @rule(at=AT)
+    def lease(self, at: int) -> None:
+        """Pin a slot's live record, if any."""
+        slot = self.slots[at % len(self.slots)]
+        record = slot.live
+        if record is not None:
+            assert self.life.lease(slot, record)
+            self.leased.append(record)
+
+    @precondition(lambda self: self.leased)
+    @rule(at=AT)
+    def unlease(self, at: int) -> None:
+        """End a lease; a retired record may be closed now."""
+        record = self.leased.pop(at % len(self.leased))
+        doomed: list[Record[Client]] = []
+        self.life.unlease(record, doomed)
+        self._close(doomed)
+
+    @precondition(lambda self: self.slots)
+    @rule(at=AT)
+    def reset(self, at: int) -> None:
+        """Retire a slot's live client."""
+        slot = self.slots[at % len(self.slots)]
+        doomed: list[Record[Client]] = []
+        self.life.reset(slot, 1.0, doomed)
+        assert slot.live is None
+        self._close(doomed)
+
+    # -- environment, overrides, shutdown, fork ----------------------------
+
+    @rule(key=st.sampled_from(KEYS))
+    def rotate(self, key: object) -> None:
+        """A watched environment variable changes (maybe back)."""
+        self.env = key
+        self.life.invalidate()
+        self.history.append((self.life.epoch, key))
+        assert self.armed[-1] is None
+
+    @rule()
+    def push_override(self) -> None:
+        """An override is pushed; the hit path serves it."""
+        self.tokens += 1
+        self.life.push_override(self.tokens, Client("override"))
+
+    @precondition(lambda self: self.life.overrides)
+    @rule(at=AT)
+    def pop_override(self, at: int) -> None:
+        """An override ends, maybe out of order."""
+        overrides = self.life.overrides
+        token, _ = overrides[at % len(overrides)]
+        self.life.pop_override(token)
+        assert token not in [t for t, _ in self.life.overrides]
+
+    @rule()
+    def detach(self) -> None:
+        """close_all(): every live client is retired."""
+        doomed: list[Record[Client]] = []
+        self.life.detach(doomed)
+        assert self.armed[-1] is None
+        assert all(s.live is None for s in self.life.slots.values())
+        self._close(doomed)
+
+    @rule(keep=st.booleans())
+    def fork(self, keep: bool) -> None:
+        """In a forked child: abandon all (or keep it), close nothing."""
+        abandoned = self.life.forget_parent(keep=keep)
+        assert self.armed[-1] is None
+        assert all(ClientState.ABANDONED is r.state for r in abandoned)
+        if keep:
+            assert [] == abandoned
+            return
+        self.abandoned.extend(r.client for r in abandoned)
+        # The process's slot stays; loops' slots are the parent's.
+        self.slots = [s for s in self.slots if s.key is None]
+        assert self.slots == list(self.life.slots.values())
+        self.leased.clear()  # Leases are held by the parent's threads.
+        self.generations.clear()  # Counters are per process.
+        self.closes = self.builds = self.failures = 0
+
+    # -- invariants -----------------------------------------------------------
+
+    @invariant()
+    def each_client_closed_at_most_once(self) -> None:
+        """No client object is ever closed twice; no inherited one at all."""
+        assert all(c.closes <= 1 for c in self.made)
+        assert all(0 == c.closes for c in self.abandoned)
+
+    @invariant()
+    def live_and_leased_clients_are_open(self) -> None:
+        """A live or retired (leased) client is never closed."""
+        for slot in self.life.slots.values():
+            if slot.live is not None:
+                assert ClientState.LIVE is slot.live.state
+                assert 0 == slot.live.client.closes
+            for record in slot.retired:
+                assert ClientState.RETIRED is record.state
+                assert record.leases > 0
+                assert 0 == record.client.closes
+
+    @invariant()
+    def armed_only_with_what_a_call_would_get(self) -> None:
+        """The hit path serves the top override or the current key's client."""
+        armed = self.armed[-1]
+        if armed is None:
+            return
+        if self.life.overrides:
+            assert armed is self.life.overrides[-1][1]
+            return
+        assert self.sync
+        live = self.life.slots[None].live
+        assert live is not None
+        assert armed is live.client
+        # After a change, nothing built for an older value is armed.
+        assert live.matches(hash(self.env), self.env)
+
+    @invariant()
+    def count(self) -> None:
+        """Count the steps run (for the figures printed)."""
+        type(self).steps += 1
+
+    @invariant()
+    def counters_add_up(self) -> None:
+        """Every close, build and failure is counted; one read shows all."""
+        slot = self.slots[0] if self.slots else None
+        stats = self.life.statistics(slot)
+        holders = list(self.life._holders())
+        assert self.closes == stats.closes
+        assert self.builds == stats.builds
+        assert self.failures == stats.build_failures
+        assert sum(r.leases for r in holders) == stats.leases
+        assert sum(r.state is ClientState.RETIRED for r in holders) == (
+            stats.pending_close
+        )
+        assert bool(self.life.overrides) is stats.is_overridden
+        live = None if slot is None else slot.live
+        assert (0 if live is None else live.generation) == stats.generation
+
+    def teardown(self) -> None:
+        """Drain: builds fail, leases end, everything closes exactly once."""
+        for ticket in self.pending:
+            self.life.failed(ticket, None)
+        for record in self.leased:
+            doomed: list[Record[Client]] = []
+            self.life.unlease(record, doomed)
+            self._close(doomed)
+        doomed = []
+        self.life.detach(doomed)
+        self._close(doomed)
+        for slot in self.slots if not self.sync else ():
+            self.life.close_slot(slot, doomed)
+            self._close(doomed)
+        assert [] == list(self.life._holders())
+        assert all(1 == c.closes for c in self.made if c not in self.abandoned)
+        assert all(0 == c.closes for c in self.abandoned)
+
+
+class SyncRules(LifecycleRules):
+    """The sync rules: the process's one slot, and the hit path."""
+
+    sync = True
+
+
+def _run(machine: type, examples: int, steps: int) -> None:
+    """Run *machine* for *examples*; print its speed (shown with ``-s``)."""
+    machine.steps = 0
+    start = time.perf_counter()
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    elapsed = time.perf_counter() - start
+    print(
+        f"{machine.__name__}: {examples} examples, "
+        f"{machine.steps} steps in {elapsed:.2f}s "
+        f"({examples / elapsed:.0f} examples/s, "
+        f"{machine.steps / elapsed:.0f} steps/s)"
+    )
+
+
+class TestLifecycleMachines:
+    """The I/O-free lifecycle, under every interleaving Hypothesis finds."""
+
+    @pytest.mark.parametrize(
+        ("machine", "default"),
+        [(SyncRules, 50), (LifecycleRules, 100)],
+        ids=["sync", "async"],
+    )
+    def test_rules_hold(self, machine, default):
+        """No sequence of transitions breaks the lifecycle's invariants."""
+        _run(machine, _examples(default), 50)
+
+
+class TestRegressions:
+    """Counterexamples the machine found, kept as plain tests."""
+
+    def _life(self) -> tuple[Lifecycle[Client], Slot]:
+        life: Lifecycle[Client] = Lifecycle(
+            "regression", pushed=False, min_interval=0.0
+        )
+        loop = object()
+        return life, life.open_slot(1, lambda: loop)[0]
+
+    def _build(
+        self, life: Lifecycle[Client], slot: Slot, client: Client
+    ) -> list[Record[Client]]:
+        step = life.request(slot, hash("a"), "a", life.epoch, None, object)
+        assert isinstance(step, Build)
+        doomed: list[Record[Client]] = []
+        life.built(step.ticket, client, None, 0.0, doomed)
+        return doomed
+
+    def test_build_after_fork_returning_a_live_object_closes_nothing(self):
+        """A parent's build ending in the child with a live object keeps it."""
+        life, old = self._life()
+        step = life.request(old, hash("a"), "a", life.epoch, None, object)
+        assert isinstance(step, Build)
+        life.forget_parent(keep=False)
+        assert old.dropped
+        loop = object()
+        new = life.open_slot(2, lambda: loop)[0]
+        shared = Client("a")
+        assert [] == self._build(life, new, shared)
+        doomed: list[Record[Client]] = []
+        life.built(step.ticket, shared, None, 0.0, doomed)
+        assert [] == doomed
+        assert old.build is None
+        assert shared is new.live.client
+        life.close_slot(new, doomed)
+        assert [shared] == [r.client for r in doomed]
+
+    def test_build_after_its_loop_ended_closes_what_nobody_holds(self):
+        """A build whose loop ended meanwhile closes its client once."""
+        life, old = self._life()
+        step = life.request(old, hash("a"), "a", life.epoch, None, object)
+        assert isinstance(step, Build)
+        doomed: list[Record[Client]] = []
+        life.close_slot(old, doomed)
+        assert [] == doomed
+        client = Client("a")
+        life.built(step.ticket, client, None, 0.0, doomed)
+        assert [client] == [r.client for r in doomed]
+        assert ClientState.CLOSED is doomed[0].state
+        assert old.build is None
+
+    def test_loop_end_closes_an_object_held_twice_once(self):
+        """A leased client the factory returned again is closed once."""
+        life, slot = self._life()
+        client = Client("a")
+        self._build(life, slot, client)
+        leased = slot.live
+        assert life.lease(slot, leased)
+        step = life.request(slot, hash("b"), "b", life.epoch, None, object)
+        assert isinstance(step, Build)
+        doomed: list[Record[Client]] = []
+        life.built(step.ticket, client, None, 0.0, doomed)
+        assert [] == doomed
+        assert (leased,) == slot.retired
+        life.close_slot(slot, doomed)
+        assert [client] == [r.client for r in doomed]
+        after: list[Record[Client]] = []
+        life.unlease(leased, after)
+        assert [] == after
+
+
+class AsyncClient:
+    """An async client that records the loop it was closed on."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.closed_on: list[object] = []
+
+    async def aclose(self) -> None:
+        self.closed_on.append(asyncio.get_running_loop())
+
+
+class LoopRules(RuleBasedStateMachine):
+    """An async singleton on a real event loop, against a plain model."""
+
+    steps = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.key = "k0"
+        self.failing = False
+        self.built: list[AsyncClient] = []
+        self.stack = contextlib.AsyncExitStack()
+        self.leased: list[AsyncClient] = []
+        machine = self
+
+        async def factory() -> AsyncClient:
+            await asyncio.sleep(0)
+            if machine.failing:
+                raise OSError("down")
+            client = AsyncClient(machine.key)
+            machine.built.append(client)
+            return client
+
+        self.single = process_singleton(key=lambda: self.key)(factory)
+
+    def run(self, coro):
+        return self.loop.run_until_complete(asyncio.wait_for(coro, 30))
+
+    @rule(n=st.integers(1, 4))
+    def call(self, n: int) -> None:
+        """N tasks await at once: one object for all, or one error."""
+
+        async def many():
+            live = self.single.current()
+            results = await asyncio.gather(
+                *(self.single() for _ in range(n)), return_exceptions=True
+            )
+            return live, results
+
+        live, results = self.run(many())
+        if self.failing and (live is None or live.key != self.key):
+            assert all(isinstance(r, OSError) for r in results)
+            return
+        assert 1 == len({id(r) for r in results})
+        client = results[0]
+        assert self.key == client.key
+        assert [] == client.closed_on
+
+    @rule(key=st.sampled_from(["k0", "k1", "k2"]))
+    def rotate(self, key: str) -> None:
+        """The key changes."""
+        self.key = key
+
+    @rule(failing=st.booleans())
+    def set_failing(self, failing: bool) -> None:
+        """Builds start or stop failing."""
+        self.failing = failing
+
+    @rule()
+    def reset(self) -> None:
+        """Retire the live client."""
+        self.run(self.single.reset())
+
+    @precondition(lambda self: not self.failing and len(self.leased) < 3)
+    @rule()
+    def lease(self) -> None:
+        """Hold a lease across later steps."""
+        client = self.run(self.stack.enter_async_context(self.single.lease()))
+        assert [] == client.closed_on
+        self.leased.append(client)
+
+    @rule()
+    def release(self) -> None:
+        """End every lease."""
+        self.run(self.stack.aclose())
+        self.stack = contextlib.AsyncExitStack()
+        self.leased.clear()
+
+    @invariant()
+    def count(self) -> None:
+        """Count the steps run (for the figures printed)."""
+        type(self).steps += 1
+
+    @invariant()
+    def closes_are_single_and_never_under_a_lease(self) -> None:
+        """Closed at most once, on this loop, never while leased or live."""
+        slots = self.single._self_life.slots
+        current = {id(s.live.client) for s in slots.values() if s.live}
+        for client in self.built:
+            assert len(client.closed_on) <= 1
+            if client.closed_on:
+                assert [self.loop] == client.closed_on
+                assert id(client) not in current
+        for client in self.leased:
+            assert [] == client.closed_on
+
+    def teardown(self) -> None:
+        """The loop's end closes every client on it, exactly once."""
+        self.run(self.stack.aclose())
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+        assert all([self.loop] == c.closed_on for c in self.built)
+
+
+class TestLoopMachine:
+    """The async driver on a real loop keeps the same rules."""
+
+    def test_rules_hold(self):
+        """Calls, rotations, failures, resets and leases on a real loop."""
+        _run(LoopRules, max(1, _examples(60) // 3), 15)

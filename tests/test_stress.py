@@ -1,0 +1,161 @@
+"""Bounded churn: callers, leases, key rotation, resets and close_all().
+
+Runs for ``POOLKEEPER_STRESS_SECONDS`` (2 by default, so CI stays quick;
+set it to 180 for a soak) and prints its figures (shown with ``-s``).
+Only what the library guarantees is asserted, so the test cannot flake
+on a slow or loaded machine:
+
+- no call returns a client whose close started before the call began,
+  and no leased client has a close started while the lease is held;
+- after close_all(), every client built was closed exactly once;
+- every thread ends (bounded joins).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+from helpers import WAIT, wait_until
+
+from poolkeeper import close_all, keys, process_singleton
+
+NAME = "PK_STRESS_KEY"
+SECONDS = float(os.environ.get("POOLKEEPER_STRESS_SECONDS", "2"))
+# The least churn a run must see before it may stop.
+MINIMUM = {"rotations": 50, "resets": 5, "close_alls": 1}
+
+
+class Client:
+    """A client that records when (on a global clock) its closes started."""
+
+    clock = itertools.count()
+
+    def __init__(self) -> None:
+        self.closes: list[int] = []
+
+    def close(self) -> None:
+        # list.append is atomic: concurrent closes would both be seen.
+        self.closes.append(next(Client.clock))
+
+
+@pytest.fixture(name="env")
+def _env(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    yield os.environ
+    os.environ.pop(NAME, None)
+
+
+class Churn:
+    """The churning threads, and what they saw."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.built: list[Client] = []
+        self.single = process_singleton(key=keys.env(NAME))(self._factory)
+        self.stop = threading.Event()
+        self.figures: Counter[str] = Counter()
+        self.rotated: Counter[str] = Counter()
+        self.violations: list[str] = []
+
+    def _factory(self) -> Client:
+        # A build that takes a while: rotations land during it, so builds
+        # for older keys finish after newer clients went live.
+        time.sleep(0.0002)
+        client = Client()
+        self.built.append(client)
+        return client
+
+    def caller(self, seed: int) -> None:
+        """Call, or lease now and then, until stopped; check each client."""
+        rng = random.Random(seed)
+        calls = leases = 0
+        while not self.stop.is_set():
+            start = next(Client.clock)
+            if rng.random() < 0.2:
+                self._lease()
+                leases += 1
+            else:
+                client = self.single()
+                if client.closes and client.closes[0] < start:
+                    self.violations.append("served a closed client")
+            calls += 1
+        self.figures.update(calls=calls, leases=leases)
+
+    def _lease(self) -> None:
+        with self.single.lease() as client:
+            if client.closes:
+                self.violations.append("leased a closed client")
+            time.sleep(0)
+            if client.closes:
+                self.violations.append("closed under a lease")
+
+    def rotator(self) -> None:
+        """Rotate the key, reset, close_all() until stopped."""
+        rng = random.Random(1)
+        # Only this thread writes it; run() reads it to see progress.
+        figures = self.rotated
+        while not self.stop.is_set():
+            roll = rng.random()
+            if roll < 0.1:
+                self.single.reset()
+                figures["resets"] += 1
+            elif roll < 0.12:
+                close_all()
+                figures["close_alls"] += 1
+            else:
+                self.env[NAME] = str(rng.randrange(3))
+                figures["rotations"] += 1
+            time.sleep(0.0005)
+        self.figures.update(figures)
+
+    def _enough(self) -> bool:
+        return all(self.rotated[k] >= n for k, n in MINIMUM.items())
+
+    def run(self, seconds: float) -> None:
+        """Churn for *seconds*; every thread must end."""
+        threads = [
+            threading.Thread(target=self.caller, args=(i,), daemon=True)
+            for i in range(4)
+        ]
+        threads.append(threading.Thread(target=self.rotator, daemon=True))
+        for thread in threads:
+            thread.start()
+        self.stop.wait(seconds)
+        # However loaded the machine, the churn really happened.
+        assert wait_until(self._enough), "too little churn"
+        self.stop.set()
+        for thread in threads:
+            thread.join(WAIT)
+        assert [] == [t.name for t in threads if t.is_alive()], "hung"
+
+
+class TestChurn:
+    def test_churn_serves_no_closing_client_and_closes_each_once(self, env):
+        """Threads churn for a while; every guarantee holds throughout."""
+        env[NAME] = "0"
+        churn = Churn(env)
+        churn.run(SECONDS)
+        built = churn.built
+        live = churn.single.current()
+        assert all(1 == len(c.closes) for c in built if c is not live)
+        close_all()
+        figures = churn.figures
+        figures.update(
+            builds=len(built), closes=sum(len(c.closes) for c in built)
+        )
+        print(
+            f"churn for {SECONDS:g}s: {dict(figures)}, "
+            f"violations={len(churn.violations)}"
+        )
+        assert [] == churn.violations
+        assert {1: len(built)} == dict(Counter(len(c.closes) for c in built))
+        stats = churn.single.statistics()
+        assert len(built) == stats.builds
+        assert len(built) == stats.closes
+        assert figures["calls"] > 0
