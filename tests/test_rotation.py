@@ -65,7 +65,8 @@ class TestOlderBuildFinishingLast:
         single = process_singleton(key=keys.env(NAME), close=close)(factory)
         env[NAME] = "A"
         a1 = single()
-        env[NAME] = "A"  # Same value: disarms, so the next call is slow.
+        env[NAME] = "other"  # Disarms, so the next call is slow (a
+        env[NAME] = "A"  # write of the same value would not).
         # The A caller reads key A, then stops before asking the lifecycle.
         pause = Pause("_acquire", "step = life.request(")
         box: list[object] = []
