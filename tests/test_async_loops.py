@@ -1,0 +1,99 @@
+"""Async singletons at the edges: leases, overrides, reprs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from poolkeeper import process_singleton
+
+
+class Client:
+    """An async client that records the pid of its closes."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.closes: list[int] = []
+
+    async def aclose(self) -> None:
+        self.closes.append(os.getpid())
+
+
+class TestLease:
+    def test_lease_of_an_overridden_singleton_yields_the_override(self):
+        """async with lease() inside override() yields the override."""
+
+        async def build() -> Client:
+            return Client()
+
+        single = process_singleton(build)
+        stand_in = Client()
+
+        async def main():
+            with single.override(stand_in):
+                async with single.lease() as leased:
+                    return leased
+
+        assert stand_in is asyncio.run(main())
+        assert 0 == single.statistics().builds
+
+    def test_lease_whose_build_fails_propagates_and_pins_nothing(self):
+        """A failing factory's error leaves lease() with nothing leased."""
+
+        async def build() -> Client:
+            raise ConnectionError("refused")
+
+        single = process_singleton(build)
+
+        async def main():
+            with pytest.raises(ConnectionError):
+                async with single.lease():
+                    pass  # pragma: no cover -- the build raised.
+            return single.statistics()
+
+        stats = asyncio.run(main())
+        assert (0, 1, 0) == (stats.builds, stats.build_failures, stats.leases)
+
+
+class TestRepr:
+    def test_repr_counts_loops_and_names_the_factory(self):
+        """repr() names the factory, the loops served and the pid."""
+
+        async def build() -> Client:
+            return Client()
+
+        single = process_singleton(build)
+
+        async def main():
+            await single()
+            return repr(single)
+
+        text = asyncio.run(main())
+        assert "AsyncProcessSingleton" in text
+        assert "build" in text
+        assert f"(1 loops, pid {os.getpid()})" in text
+
+
+class TestSyncLease:
+    def test_lease_whose_build_fails_propagates_and_pins_nothing(self):
+        """A failing factory's error leaves a sync lease() pinning nothing."""
+
+        def build() -> Client:
+            raise ConnectionError("refused")
+
+        single = process_singleton(build)
+        with pytest.raises(ConnectionError), single.lease():
+            pass  # pragma: no cover -- the build raised.
+        stats = single.statistics()
+        assert (0, 1, 0) == (stats.builds, stats.build_failures, stats.leases)
+
+
+class TestProxyRepr:
+    def test_repr_names_the_singleton_and_builds_nothing(self):
+        """A handle's repr() says what it follows and builds no client."""
+        single = process_singleton(Client)
+        handle = single.proxy()
+        assert repr(handle) == f"<poolkeeper proxy of {single!r}>"
+        assert None is single.current()
