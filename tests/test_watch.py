@@ -44,6 +44,7 @@ _SDK_SOURCE = textwrap.dedent(
 
 
     NOT_A_CLASS = 1
+    Alias = Client
     """
 )
 
@@ -359,3 +360,34 @@ class TestLimitEdges:
         )
         assert "POOLKEEPER_WATCH_LIMIT='many'" in done.stderr
         assert int(done.stdout) > 0
+
+
+class TestSharedPatches:
+    def test_two_names_for_one_class_share_one_patch(self, sdk):
+        """A class stays watched until its last name is unwatched."""
+        module = importlib.import_module(sdk)
+        original = module.Client.__dict__["__init__"]
+        poolkeeper.watch(f"{sdk}:Client", f"{sdk}:Alias", limit=1)
+        poolkeeper.unwatch(f"{sdk}:Alias")
+        kept = [module.Client()]
+        with pytest.warns(PoolLeakWarning):
+            kept.append(module.Client())
+        poolkeeper.unwatch(f"{sdk}:Client")
+        assert original is module.Client.__dict__["__init__"]
+
+    def test_patch_made_after_ours_survives_unwatch(self, sdk):
+        """unwatch() leaves a later patch of __init__ in place, inert."""
+        module = importlib.import_module(sdk)
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        ours = module.Client.__dict__["__init__"]
+
+        def theirs(self, *args, **kwargs):
+            ours(self, *args, **kwargs)
+
+        module.Client.__init__ = theirs
+        poolkeeper.unwatch()
+        assert theirs is module.Client.__dict__["__init__"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PoolLeakWarning)
+            kept = build(module.Client, 3)
+        assert [0, 1, 2] == [c.number for c in kept]
