@@ -74,26 +74,3 @@ class TestRepr:
         assert "AsyncProcessSingleton" in text
         assert "build" in text
         assert f"(1 loops, pid {os.getpid()})" in text
-
-
-class TestSyncLease:
-    def test_lease_whose_build_fails_propagates_and_pins_nothing(self):
-        """A failing factory's error leaves a sync lease() pinning nothing."""
-
-        def build() -> Client:
-            raise ConnectionError("refused")
-
-        single = process_singleton(build)
-        with pytest.raises(ConnectionError), single.lease():
-            pass  # pragma: no cover -- the build raised.
-        stats = single.statistics()
-        assert (0, 1, 0) == (stats.builds, stats.build_failures, stats.leases)
-
-
-class TestProxyRepr:
-    def test_repr_names_the_singleton_and_builds_nothing(self):
-        """A handle's repr() says what it follows and builds no client."""
-        single = process_singleton(Client)
-        handle = single.proxy()
-        assert repr(handle) == f"<poolkeeper proxy of {single!r}>"
-        assert None is single.current()
