@@ -6,8 +6,9 @@ import asyncio
 import os
 
 import pytest
+from helpers import WAIT
 
-from poolkeeper import process_singleton
+from poolkeeper import aclose_all, process_singleton
 
 
 class Client:
@@ -74,3 +75,48 @@ class TestRepr:
         assert "AsyncProcessSingleton" in text
         assert "build" in text
         assert f"(1 loops, pid {os.getpid()})" in text
+
+
+class TestShutdownDuringABuild:
+    def test_build_finishing_after_the_loop_shut_down_its_slot(self):
+        """A client built for a shut-down slot is closed; callers rebuild."""
+        gate: asyncio.Event | None = None
+        built: list[Client] = []
+
+        async def build() -> Client:
+            if not built and gate is not None:
+                await asyncio.wait_for(gate.wait(), WAIT)
+            client = Client()
+            built.append(client)
+            return client
+
+        single = process_singleton(build)
+        loop = asyncio.new_event_loop()
+        try:
+
+            async def start():
+                nonlocal gate
+                gate = asyncio.Event()
+                tasks = [asyncio.ensure_future(single()) for _ in range(2)]
+                for _ in range(10):
+                    await asyncio.sleep(0)
+                return tasks
+
+            tasks = loop.run_until_complete(start())
+            # The loop's slot closes (as asyncio.run() ends it) while the
+            # first build is still waiting on its gate.
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.call_soon(gate.set)
+            # asyncio's own warning: the new slot's loop-end hook comes
+            # after the shutdown, so only an explicit close reaches it.
+            with pytest.warns(ResourceWarning, match="shutdown_asyncgens"):
+                results = loop.run_until_complete(
+                    asyncio.wait_for(asyncio.gather(*tasks), WAIT)
+                )
+            loop.run_until_complete(aclose_all())
+        finally:
+            loop.close()
+        first, second = built
+        assert [os.getpid()] == first.closes  # Built for a dropped slot.
+        assert [second, second] == results
+        assert [os.getpid()] == second.closes
