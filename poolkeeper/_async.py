@@ -142,8 +142,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             self._self_closer.unclosed(
                 record, "its event loop was closed first", _LOOP_HINT
             )
-        if slot.hook is None:
-            _hook(life, self._self_closer, slot)
+        _hook(life, self._self_closer, slot)
         return slot
 
     # -- calls --------------------------------------------------------------
