@@ -329,3 +329,20 @@ class TestEdges:
         )
         status, found = run(capsys, tmp_path / "app.py", "--exclude", "app.py")
         assert (1, [(3, 12, "PK001")]) == (status, found)
+
+
+class TestShapes:
+    """Less common shapes of the incident."""
+
+    def test_module_level_loop(self, check):
+        """A client built in a loop at module level: PK002."""
+        source = "import httpx\nfor _ in range(3):\n    httpx.Client()\n"
+        assert (1, [(3, 5, "PK002")]) == check(source)
+
+    def test_subscripted_decorator_is_no_singleton(self, check):
+        """A decorator named by subscript is not taken for a singleton."""
+        source = (
+            "import httpx\ndecorators = [lambda f: f]\n\n\n"
+            "@decorators[0]\ndef make():\n    return httpx.Client()\n"
+        )
+        assert (1, [(7, 12, "PK001")]) == check(source)
