@@ -11,6 +11,7 @@ import sys
 import textwrap
 import uuid
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -338,6 +339,14 @@ class TestLimitEdges:
         """A one-file module's own frames are skipped, like a package's."""
         module = importlib.import_module(sdk)
         assert (module.__file__,) == _watch._package_paths(module.Client)
+
+    def test_package_skips_its_whole_folder(self):
+        """A package's own frames are skipped wherever in it they are."""
+        import json
+        import json.decoder
+
+        folder = str(Path(json.__file__).parent) + os.sep
+        assert (folder,) == _watch._package_paths(json.decoder.JSONDecoder)
 
     def test_bad_limit_in_the_environment_falls_back_to_the_default(self):
         """POOLKEEPER_WATCH_LIMIT that is no number: a warning, then watch."""
