@@ -83,19 +83,12 @@ typecheck: venv
 unit-core: venv
 	cd tests && ../$(BIN)/python -m pytest --ignore=sdks
 
-# The core suite again under coverage: branch coverage of the installed
-# package, subprocesses and forked children included (coverage's patch =
-# fork, _exit and subprocess), must reach $(COVERAGE_MIN) %. Each forked
-# child writes a data file, so the state machines run the dev profile
-# here: at full strength they take longer than the rest of CI.
-COVERAGE := $(CURDIR)/$(BIN)/python -m coverage
+# The core suite again under coverage (.ci/coverage): branch coverage of
+# poolkeeper/, subprocesses and forked children included (coverage's patch
+# = fork, _exit and subprocess), must reach $(COVERAGE_MIN) %. The state
+# machines run the dev profile there.
 coverage: venv
-	rm -f .coverage .coverage.*
-	cd tests && HYPOTHESIS_PROFILE=dev COVERAGE_FILE=$(CURDIR)/.coverage \
-		$(COVERAGE) run --rcfile=$(CURDIR)/pyproject.toml -m pytest -q \
-		-p no:cacheprovider --ignore=sdks
-	$(COVERAGE) combine --quiet --rcfile=pyproject.toml
-	$(COVERAGE) report --rcfile=pyproject.toml --fail-under=$(COVERAGE_MIN)
+	COVERAGE_MIN=$(COVERAGE_MIN) .ci/coverage --ignore=sdks
 
 unit-adapter: venv
 	cd adapters/daytona && ../../$(BIN)/pytest

@@ -53,11 +53,12 @@ def _toml_loader() -> Callable[[str], dict[str, Any]] | None:
     for name in ("tomllib", "tomli"):
         try:
             module = importlib.import_module(name)
-        except ImportError:
+        # The pragmas: only Python 3.10 can lack both modules.
+        except ImportError:  # pragma: no cover -- 3.10 without tomli.
             continue
         loads: Callable[[str], dict[str, Any]] = module.loads
         return loads
-    return None
+    return None  # pragma: no cover -- 3.10 without tomli.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +119,7 @@ class _Configs:
             return None
         if "[tool.poolkeeper]" not in text:
             return None
-        if self.loads is None:
+        if self.loads is None:  # pragma: no cover -- 3.10 without tomli.
             self.stderr.write(
                 f"poolkeeper check: ignoring [tool.poolkeeper] in {file}: "
                 "reading it needs Python 3.11+ or the tomli package.\n"

@@ -199,7 +199,7 @@ class Closer:
                 future.result(CROSS_LOOP_CLOSE_SECONDS)
             except _TIMEOUTS:
                 future.cancel()
-                self.unclosed(record, "its close did not finish in time", "")
+                self._late(record)
         elif running is None:
             loop.run_until_complete(self.aclose(record))
         else:
@@ -233,7 +233,7 @@ class Closer:
         try:
             await asyncio.wait_for(waited, CROSS_LOOP_CLOSE_SECONDS)
         except _TIMEOUTS:
-            self.unclosed(record, "its close did not finish in time", "")
+            self._late(record)
 
     def _run_idle(
         self, record: Record[Any], loop: asyncio.AbstractEventLoop
@@ -255,13 +255,29 @@ class Closer:
         thread.start()
         thread.join(CROSS_LOOP_CLOSE_SECONDS)
         if thread.is_alive():
-            self.unclosed(record, "its close did not finish in time", "")
+            self._late(record)
         elif errors:
             self.failed(record, errors[0])
 
-    def unclosed(self, record: Record[Any], reason: str, hint: str) -> None:
-        """Count and report a client that could not be closed."""
-        self.life.closed(ok=False)
+    def _late(self, record: Record[Any]) -> None:
+        # Not counted here: the close given up on still counts its own
+        # outcome, when it ends or is cancelled, so counting it here too
+        # would count one client twice.
+        self.unclosed(
+            record, "its close did not finish in time", "", count=False
+        )
+
+    def unclosed(
+        self,
+        record: Record[Any],
+        reason: str,
+        hint: str,
+        *,
+        count: bool = True,
+    ) -> None:
+        """Count (unless told not to) and report a client left unclosed."""
+        if count:
+            self.life.closed(ok=False)
         message = (
             f"Could not close a retired {self.life.name} client (generation "
             f"{record.generation}): {reason}" + (f"; {hint}." if hint else ".")

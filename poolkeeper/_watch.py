@@ -429,7 +429,7 @@ def _watch_from_environment() -> None:
         watch()
 
 
-if hasattr(os, "register_at_fork"):
+if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
     os.register_at_fork(after_in_child=_after_fork_in_child)
 try:
     _watch_from_environment()

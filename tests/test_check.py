@@ -520,3 +520,58 @@ class TestEntryPoints:
                     return Daytona()
         """
         assert (1, [(6, 16, "PK001")]) == check(source)
+
+
+class TestEdges:
+    """Configuration and file-walking edge cases."""
+
+    def test_invalid_toml_is_a_usage_error(self, tmp_path, capsys):
+        """A pyproject.toml that does not parse: 2, naming the file."""
+        (tmp_path / "pyproject.toml").write_text(
+            "[tool.poolkeeper]\nclients = [\n", encoding="utf-8"
+        )
+        (tmp_path / "app.py").write_text("x = 1\n", encoding="utf-8")
+        assert 2 == main(["check", str(tmp_path)])
+        assert "pyproject.toml" in capsys.readouterr().err
+
+    def test_virtualenv_folders_are_skipped(self, tmp_path, capsys):
+        """A folder with a pyvenv.cfg holds others' packages: not checked."""
+        venv = tmp_path / "env"
+        (venv / "lib").mkdir(parents=True)
+        (venv / "pyvenv.cfg").write_text("home = /usr\n", encoding="utf-8")
+        (venv / "lib" / "sdk.py").write_text(
+            "import httpx\ndef f():\n    return httpx.Client()\n",
+            encoding="utf-8",
+        )
+        assert (0, []) == run(capsys, tmp_path)
+
+    def test_exclude_ignores_paths_outside_the_current_folder(
+        self, tmp_path, capsys, monkeypatch
+    ):
+        """--exclude is relative to '.': a path elsewhere is still checked."""
+        work = tmp_path / "work"
+        work.mkdir()
+        monkeypatch.chdir(work)
+        (tmp_path / "app.py").write_text(
+            "import httpx\ndef f():\n    return httpx.Client()\n",
+            encoding="utf-8",
+        )
+        status, found = run(capsys, tmp_path / "app.py", "--exclude", "app.py")
+        assert (1, [(3, 12, "PK001")]) == (status, found)
+
+
+class TestShapes:
+    """Less common shapes of the incident."""
+
+    def test_module_level_loop(self, check):
+        """A client built in a loop at module level: PK002."""
+        source = "import httpx\nfor _ in range(3):\n    httpx.Client()\n"
+        assert (1, [(3, 5, "PK002")]) == check(source)
+
+    def test_subscripted_decorator_is_no_singleton(self, check):
+        """A decorator named by subscript is not taken for a singleton."""
+        source = (
+            "import httpx\ndecorators = [lambda f: f]\n\n\n"
+            "@decorators[0]\ndef make():\n    return httpx.Client()\n"
+        )
+        assert (1, [(7, 12, "PK001")]) == check(source)

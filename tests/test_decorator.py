@@ -49,6 +49,13 @@ class TestForms:
         single = process_singleton(functools.partial(build, "x"))
         assert "x" == single().label
 
+    def test_builtin_without_a_signature_is_trusted(self):
+        """A builtin factory inspect cannot read is accepted as it is."""
+        single = process_singleton(dict)
+        client = single()
+        assert {} == client
+        assert client is single()
+
     def test_each_singleton_is_independent(self):
         """Two singletons of the same factory hold different clients."""
         factory = Factory()

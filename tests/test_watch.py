@@ -11,6 +11,7 @@ import sys
 import textwrap
 import uuid
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,10 @@ _SDK_SOURCE = textwrap.dedent(
 
     def make():
         return Client()
+
+
+    NOT_A_CLASS = 1
+    Alias = Client
     """
 )
 
@@ -438,3 +443,113 @@ class TestWatchWithoutImport:
             "-c", "import sys; print('poolkeeper' in sys.modules)", env=env
         )
         assert ("False\n", "") == (done.stdout, done.stderr)
+
+
+class TestOddNames:
+    def test_a_name_that_is_not_a_class_is_logged_and_skipped(
+        self, sdk, caplog
+    ):
+        """watch() of a non-class logs a warning and patches nothing."""
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            poolkeeper.watch(f"{sdk}:NOT_A_CLASS")
+            importlib.import_module(sdk)
+        assert "is not a class" in caplog.text
+        assert {} == _watch.live_counts()
+
+    def test_a_class_that_cannot_be_patched_is_logged_and_skipped(
+        self, caplog
+    ):
+        """A built-in class cannot be patched: logged, nothing else."""
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            poolkeeper.watch("datetime:datetime")
+        assert "cannot patch datetime:datetime" in caplog.text
+        assert "__init__" not in vars(__import__("datetime").datetime)
+
+    def test_unwatching_an_unknown_name_does_nothing(self, sdk):
+        """unwatch() of a name never watched leaves the others watched."""
+        module = importlib.import_module(sdk)
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        poolkeeper.unwatch("nowhere:Nothing")
+        kept = [module.Client()]
+        with pytest.warns(PoolLeakWarning):
+            kept.append(module.Client())
+        assert 2 == len(kept)
+
+
+class TestLimitEdges:
+    def test_watching_again_sets_the_limit_of_a_patched_class(self, sdk):
+        """A second watch() of a patched class changes its limit at once."""
+        module = importlib.import_module(sdk)
+        spec = f"{sdk}:Client"
+        poolkeeper.watch(spec, limit=1)
+        poolkeeper.watch(spec, limit=3)
+        kept = [module.Client() for _ in range(3)]  # No warning: limit 3.
+        with pytest.warns(PoolLeakWarning):
+            kept.append(module.Client())
+        assert 4 == len(kept)
+
+    def test_module_without_a_package_skips_its_own_file(self, sdk):
+        """A one-file module's own frames are skipped, like a package's."""
+        module = importlib.import_module(sdk)
+        assert (module.__file__,) == _watch._package_paths(module.Client)
+
+    def test_package_skips_its_whole_folder(self):
+        """A package's own frames are skipped wherever in it they are."""
+        import json
+        import json.decoder
+
+        folder = str(Path(json.__file__).parent) + os.sep
+        assert (folder,) == _watch._package_paths(json.decoder.JSONDecoder)
+
+    def test_bad_limit_in_the_environment_falls_back_to_the_default(self):
+        """POOLKEEPER_WATCH_LIMIT that is no number: a warning, then watch."""
+        code = (
+            "import logging; logging.basicConfig(); import poolkeeper; "
+            "print(len(poolkeeper._watch._targets))"
+        )
+        env = {
+            **os.environ,
+            "POOLKEEPER_WATCH": "1",
+            "POOLKEEPER_WATCH_LIMIT": "many",
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            timeout=60,
+        )
+        assert "POOLKEEPER_WATCH_LIMIT='many'" in done.stderr
+        assert int(done.stdout) > 0
+
+
+class TestSharedPatches:
+    def test_two_names_for_one_class_share_one_patch(self, sdk):
+        """A class stays watched until its last name is unwatched."""
+        module = importlib.import_module(sdk)
+        original = module.Client.__dict__["__init__"]
+        poolkeeper.watch(f"{sdk}:Client", f"{sdk}:Alias", limit=1)
+        poolkeeper.unwatch(f"{sdk}:Alias")
+        kept = [module.Client()]
+        with pytest.warns(PoolLeakWarning):
+            kept.append(module.Client())
+        poolkeeper.unwatch(f"{sdk}:Client")
+        assert original is module.Client.__dict__["__init__"]
+
+    def test_patch_made_after_ours_survives_unwatch(self, sdk):
+        """unwatch() leaves a later patch of __init__ in place, inert."""
+        module = importlib.import_module(sdk)
+        poolkeeper.watch(f"{sdk}:Client", limit=1)
+        ours = module.Client.__dict__["__init__"]
+
+        def theirs(self, *args, **kwargs):
+            ours(self, *args, **kwargs)
+
+        module.Client.__init__ = theirs
+        poolkeeper.unwatch()
+        assert theirs is module.Client.__dict__["__init__"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PoolLeakWarning)
+            kept = build(module.Client, 3)
+        assert [0, 1, 2] == [c.number for c in kept]

@@ -1,0 +1,323 @@
+"""Every way a retired client gets closed, and every way that can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from helpers import WAIT, FakeClient
+
+from poolkeeper import (
+    UnclosedClientWarning,
+    aclose_all,
+    close_all,
+    process_singleton,
+)
+
+
+class Stop(BaseException):
+    """A BaseException that is neither cancellation nor Ctrl-C."""
+
+
+class Awaitable:
+    """An awaitable that is not a coroutine (a future-like object)."""
+
+    def __await__(self):
+        return iter(())
+
+
+class AsyncClient:
+    """An async client that records the loop it was closed on."""
+
+    def __init__(self) -> None:
+        self.closed_on: list[asyncio.AbstractEventLoop] = []
+        self.release: asyncio.Event | None = None
+
+    async def aclose(self) -> None:
+        if self.release is not None:
+            await asyncio.wait_for(self.release.wait(), WAIT)
+        self.closed_on.append(asyncio.get_running_loop())
+
+
+def async_single(**options):
+    """Return an async singleton of AsyncClient and the clients it built."""
+    built: list[AsyncClient] = []
+
+    async def build() -> AsyncClient:
+        client = AsyncClient()
+        built.append(client)
+        return client
+
+    return process_singleton(**options)(build), built
+
+
+class LoopThread:
+    """An event loop running in a thread of its own until stopped."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever)
+        self.thread.start()
+
+    def run(self, coro):
+        """Run *coro* on the loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
+
+    def stop(self) -> None:
+        """Stop the loop, join the thread and close the loop."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
+        self.loop.close()
+
+
+class RefusingLoop(asyncio.SelectorEventLoop):
+    """A loop that refuses to run anything once *refuse* is set."""
+
+    refuse = False
+
+    def run_until_complete(self, future):
+        if self.refuse:
+            if asyncio.iscoroutine(future):
+                future.close()
+            raise RuntimeError("this loop refuses to run")
+        return super().run_until_complete(future)
+
+
+class TestSyncClose:
+    def test_ctrl_c_from_a_close_hook_is_counted_and_propagates(self):
+        """A KeyboardInterrupt from close= reaches reset()'s caller."""
+
+        def interrupt(client):
+            raise KeyboardInterrupt
+
+        single = process_singleton(close=interrupt)(FakeClient)
+        single()
+        with pytest.raises(KeyboardInterrupt):
+            single.reset()
+        stats = single.statistics()
+        assert (0, 1) == (stats.closes, stats.close_failures)
+        assert None is single.current()
+
+    def test_non_coroutine_awaitable_from_a_sync_close_is_reported(self):
+        """A sync close returning a future-like object warns, never drops."""
+        single = process_singleton(close=lambda client: Awaitable())(
+            FakeClient
+        )
+        single()
+        with pytest.warns(UnclosedClientWarning, match="cannot await"):
+            single.reset()
+        assert 1 == single.statistics().close_failures
+
+    def test_ctrl_c_in_close_all_closes_the_others_first(self):
+        """close_all() closes every client, then raises the interrupt."""
+        calm = process_singleton(FakeClient)
+
+        def interrupt(client):
+            raise KeyboardInterrupt
+
+        loud = process_singleton(close=interrupt)(FakeClient)
+        first, _ = calm(), loud()
+        with pytest.raises(KeyboardInterrupt):
+            close_all()
+        assert first.closed
+        assert 1 == loud.statistics().close_failures
+
+
+class TestAsyncClose:
+    def test_client_without_aclose_is_dropped(self):
+        """reset() of an async client with no close method closes nothing."""
+
+        async def build() -> object:
+            return object()
+
+        single = process_singleton(build)
+
+        async def main():
+            await single()
+            return await single.reset()
+
+        assert asyncio.run(main())
+        stats = single.statistics()
+        assert (0, 0) == (stats.closes, stats.close_failures)
+
+    def test_base_exception_from_an_awaited_close_propagates(self):
+        """A BaseException from an awaited aclose() is counted and raised."""
+
+        async def stop(client):
+            await asyncio.sleep(0)
+            raise Stop
+
+        single, _ = async_single(close=stop)
+
+        async def main():
+            await single()
+            with pytest.raises(Stop):
+                await single.reset()
+
+        asyncio.run(main())
+        assert 1 == single.statistics().close_failures
+
+    def test_close_all_on_the_clients_own_loop_schedules_the_close(self):
+        """close_all() called inside the client's loop closes it soon after."""
+        single, _ = async_single()
+
+        async def main():
+            client = await single()
+            close_all()
+            for _ in range(10):
+                await asyncio.sleep(0)
+            return client, asyncio.get_running_loop()
+
+        client, loop = asyncio.run(main())
+        assert [loop] == client.closed_on
+        assert 1 == single.statistics().closes
+
+    def test_close_all_runs_an_idle_loop_to_close(self):
+        """close_all() with no loop running closes on the idle client loop."""
+        single, _ = async_single()
+        loop = asyncio.new_event_loop()
+        try:
+            client = loop.run_until_complete(single())
+            close_all()
+            assert [loop] == client.closed_on
+        finally:
+            loop.close()
+
+    def test_close_all_inside_a_loop_closes_an_idle_loop_on_a_thread(self):
+        """From a running loop, an idle loop's client closes on that loop."""
+        single, _ = async_single()
+        idle = asyncio.new_event_loop()
+        try:
+            client = idle.run_until_complete(single())
+
+            async def main():
+                close_all()
+
+            asyncio.run(main())
+            assert [idle] == client.closed_on
+        finally:
+            idle.close()
+        assert 1 == single.statistics().closes
+
+    def test_close_all_inside_a_loop_reports_a_loop_that_refuses(self, caplog):
+        """An idle loop that cannot run the close is logged and counted."""
+        single, _ = async_single()
+        idle = RefusingLoop()
+        try:
+            client = idle.run_until_complete(single())
+            idle.refuse = True
+
+            async def main():
+                close_all()
+
+            asyncio.run(main())
+        finally:
+            idle.close()
+        assert [] == client.closed_on
+        assert 1 == single.statistics().close_failures
+        assert "this loop refuses to run" in caplog.text
+
+    def test_aclose_all_reports_an_idle_loop_that_refuses(self, caplog):
+        """aclose_all() logs and counts a close its loop would not run."""
+        single, _ = async_single()
+        idle = RefusingLoop()
+        try:
+            client = idle.run_until_complete(single())
+            idle.refuse = True
+            asyncio.run(aclose_all())
+        finally:
+            idle.close()
+        assert [] == client.closed_on
+        assert 1 == single.statistics().close_failures
+        assert "this loop refuses to run" in caplog.text
+
+    def test_aclose_all_raises_a_base_exception_after_the_others(self):
+        """aclose_all() closes every client before raising a BaseException."""
+
+        def stop(client):
+            raise Stop
+
+        calm = process_singleton(FakeClient)
+        loud = process_singleton(close=stop)(FakeClient)
+        first, _ = calm(), loud()
+        with pytest.raises(Stop):
+            asyncio.run(aclose_all())
+        assert first.closed
+        assert 1 == loud.statistics().close_failures
+
+
+def _aclose_all_now() -> None:
+    asyncio.run(aclose_all())
+
+
+class TestCrossLoopTimeout:
+    @pytest.mark.parametrize("shutdown", [close_all, _aclose_all_now])
+    def test_gives_up_on_a_slow_close_elsewhere(self, monkeypatch, shutdown):
+        """Shutdown waits a bounded time for another loop's close."""
+        monkeypatch.setattr("poolkeeper._close.CROSS_LOOP_CLOSE_SECONDS", 0.1)
+        single, _ = async_single()
+        other = LoopThread()
+        try:
+            client = other.run(single())
+            client.release = other.run(_event())
+            with pytest.warns(UnclosedClientWarning, match="not finish"):
+                shutdown()
+            other.loop.call_soon_threadsafe(client.release.set)
+            other.run(_settle())
+        finally:
+            other.stop()
+        assert [] == client.closed_on
+        # Cancelled when given up on: one failure, counted once.
+        stats = single.statistics()
+        assert (0, 1) == (stats.closes, stats.close_failures)
+
+    def test_close_all_gives_up_on_a_slow_close_on_a_helper_thread(
+        self, monkeypatch
+    ):
+        """A close on a helper thread is waited for a bounded time."""
+        monkeypatch.setattr("poolkeeper._close.CROSS_LOOP_CLOSE_SECONDS", 0.1)
+        gate = threading.Event()
+
+        def slow(client):
+            assert gate.wait(WAIT)
+
+        async def build() -> object:
+            return object()
+
+        single = process_singleton(close=slow)(build)
+        idle = asyncio.new_event_loop()
+        try:
+            idle.run_until_complete(single())
+
+            async def main():
+                close_all()
+
+            with pytest.warns(UnclosedClientWarning, match="not finish"):
+                asyncio.run(main())
+            gate.set()
+            helper = [
+                t
+                for t in threading.enumerate()
+                if t.name == "poolkeeper-close"
+            ]
+            for thread in helper:
+                thread.join(WAIT)
+                assert not thread.is_alive()
+        finally:
+            gate.set()
+            idle.close()
+        # The close given up on finished later and counted itself, once.
+        stats = single.statistics()
+        assert (1, 0) == (stats.closes, stats.close_failures)
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _settle() -> None:
+    """Let the loop finish what a cancelled close left to do."""
+    for _ in range(10):
+        await asyncio.sleep(0)
