@@ -11,10 +11,15 @@ one retired. Pass one key function or a tuple of them to
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import final
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
+from poolkeeper import _checker, _environ
 from poolkeeper._fingerprint import fingerprint
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["env", "file"]
 
@@ -37,6 +42,10 @@ class EnvKey:
         """Return the current value of each variable, ``None`` if unset."""
         get = os.environ.get
         return tuple([get(name) for name in self.names])
+
+    def _watch(self, watcher: _checker.Watcher) -> bool:
+        """Have changes pushed to *watcher*; say whether they will be."""
+        return _environ.watch(self.names, watcher)
 
     def __repr__(self) -> str:
         """Name the variables, never their values."""
@@ -84,6 +93,10 @@ def _check_names(names: tuple[object, ...]) -> None:
             raise TypeError(msg)
 
 
+# The state of a file key that was never looked at.
+_UNSEEN: Final[Any] = object()
+
+
 @final
 class FileKey:
     """The content of a file, re-read only when it changes; see :func:`file`.
@@ -91,73 +104,224 @@ class FileKey:
     Only a fingerprint of the content is kept, never the content itself.
     """
 
-    __slots__ = ("_path", "_recheck", "_state")
+    __slots__ = (
+        "_lock",
+        "_path",
+        "_recheck",
+        "_resolve",
+        "_state",
+        "_watched",
+    )
 
-    def __init__(self, path: str, recheck_seconds: float) -> None:
-        """Remember the file and how often to look at it."""
-        self._path = path
+    def __init__(
+        self,
+        path: str | Callable[[], str | os.PathLike[str]],
+        recheck_seconds: float,
+    ) -> None:
+        """Remember the file (or how to find it) and how often to look."""
+        self._path = path if isinstance(path, str) else None
+        self._resolve = None if isinstance(path, str) else path
         self._recheck = recheck_seconds
-        # (next check, stat signature, key value), replaced as one tuple so
-        # that a concurrent caller never sees a new signature with an old
-        # value.
-        self._state: tuple[float, object, tuple[str, str | None]] = (
+        # Serializes looking, storing and notifying, so that the stored
+        # value is always the latest one seen and every change of it
+        # reaches the watchers. Never taken by a call within its recheck
+        # interval, nor by an armed hit (which does not call the key).
+        self._lock = threading.Lock()
+        self._watched = False
+        # (next look, path, stat signature, key value), replaced as one
+        # tuple so that a concurrent caller never sees a new signature with
+        # an old value.
+        self._state: tuple[float, str | None, object, Any] = (
             float("-inf"),
-            object(),
-            (path, None),
+            None,
+            _UNSEEN,
+            _UNSEEN,
         )
+
+    @property
+    def recheck_seconds(self) -> float:
+        """The longest a change of the file may go unnoticed, in seconds.
+
+        Settable; a pushed key's checker applies a new value at once.
+        """
+        return self._recheck
+
+    @recheck_seconds.setter
+    def recheck_seconds(self, seconds: float) -> None:
+        self._recheck = _check_recheck(seconds)
+        _checker.wake()
 
     def __call__(self) -> tuple[str, str | None]:
         """Return ``(path, fingerprint of the content or None if absent)``."""
-        due, signature, value = self._state
-        now = time.monotonic()
-        if now < due:
-            return value
-        try:
-            st = os.stat(self._path)  # noqa: PTH116 -- str path, no Path object.
-        except FileNotFoundError:
-            current: object = None
-        else:
-            current = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
-        if current != signature:
-            value = (self._path, self._read())
-        self._state = (now + self._recheck, current, value)
-        return value
+        if self._watched:
+            # Pushed: only slow paths get here. After a fork the child has
+            # no checker thread yet; this starts one.
+            _checker.ensure()
+        due, path, _, value = self._state
+        if self._resolve is not None and self._where() != path:
+            return self._look()
+        if time.monotonic() < due:
+            return cast("tuple[str, str | None]", value)
+        return self._look()
 
-    def _read(self) -> str | None:
-        try:
-            with open(self._path, "rb") as f:  # noqa: PTH123
-                return fingerprint(f.read())
-        except FileNotFoundError:
-            return None
+    def _where(self) -> str:
+        if self._resolve is None:
+            return cast("str", self._path)
+        return os.fspath(self._resolve())
+
+    def _look(self) -> tuple[str, str | None]:
+        """Stat the file, re-read it if it changed, notify if the value did."""
+        with self._lock:
+            _, seen_path, seen, old = self._state
+            path = self._where()
+            try:
+                st = os.stat(path)  # noqa: PTH116 -- str path, no Path object.
+            except FileNotFoundError:
+                signature: object = None
+            else:
+                signature = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+            if path == seen_path and signature == seen:
+                value = old
+            else:
+                value = (path, _read(path))
+            self._state = (
+                time.monotonic() + self._recheck,
+                path,
+                signature,
+                value,
+            )
+            # Under the lock: a watcher armed with the old value is
+            # disarmed before anyone can see the new one.
+            if self._watched and old is not _UNSEEN and value != old:
+                _checker.changed(self)
+            return cast("tuple[str, str | None]", value)
+
+    def _check(self) -> None:
+        """Look now, whatever the schedule (the checker's entry point)."""
+        self._look()
+
+    def _watch(self, watcher: _checker.Watcher) -> bool:
+        """Have the checker push changes to *watcher*; say if it will."""
+        if self._recheck <= 0:
+            return False
+        self._watched = True
+        _checker.watch(self, watcher)
+        return True
 
     def __repr__(self) -> str:
         """Name the file, never its content."""
-        return f"poolkeeper.keys.file({self._path!r})"
+        where = self._path if self._resolve is None else self._resolve
+        return f"poolkeeper.keys.file({where!r})"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:  # noqa: PTH123
+            return fingerprint(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def _check_recheck(seconds: float) -> float:
+    if not seconds >= 0:
+        msg = f"keys.file() needs recheck_seconds >= 0, got {seconds}."
+        raise ValueError(msg)
+    return float(seconds)
 
 
 def file(
-    path: str | os.PathLike[str], *, recheck_seconds: float = 5.0
+    path: str | os.PathLike[str] | Callable[[], str | os.PathLike[str]],
+    *,
+    recheck_seconds: float = 5.0,
 ) -> FileKey:
     """Key a singleton on the content of a file, such as an API key file.
 
-    The file is ``stat()``-ed at most once every *recheck_seconds* and read
-    again only when its modification time, size or inode changed, so
-    rotating the file (in place or by rename) is noticed within
-    *recheck_seconds*. A missing file is a valid key value of its own.
+    With *recheck_seconds* > 0 the file is watched by poolkeeper's checker,
+    one daemon thread for the whole process: every *recheck_seconds* it
+    ``stat()``-s the file and re-reads it when its modification time,
+    size, inode or device changed. When the content changed, it disarms
+    the singletons using the key, so the hit path itself reads nothing
+    (it costs the same as with no key). Rotating the file, in place or by
+    rename, is therefore noticed within *recheck_seconds* (plus the time
+    the checker takes for the other keys), and at once by a call that is
+    on the slow path anyway. A missing file is a valid key value of its
+    own, and creating or deleting the file is a change.
+
+    With ``recheck_seconds=0`` the file is ``stat()``-ed on every call
+    instead, and a change is noticed by the next call.
+
+    Not noticed: a rewrite that keeps the modification time, size and
+    inode all equal (within the file system's timestamp resolution).
 
     Args:
-        path: The file to watch.
-        recheck_seconds: The longest a change may go unnoticed.
+        path: The file to watch, or a function returning its path: that
+            function is called on every evaluation of the key (on the slow
+            path only, while changes are pushed) and by the checker, so a
+            path that depends on the environment or the working directory
+            is followed. Relative paths are resolved against the working
+            directory at each look.
+        recheck_seconds: The longest a change may go unnoticed; 0 to look
+            on every call.
 
     Returns:
-        A key function returning ``(path, content fingerprint)``.
+        A key function returning ``(path, content fingerprint)``, with
+        ``None`` as the fingerprint of a missing file.
 
     Raises:
         ValueError: If *recheck_seconds* is negative.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.1
+       A checker thread pushes changes; *path* may be a function.
     """
-    if recheck_seconds < 0:
-        msg = f"keys.file() needs recheck_seconds >= 0, got {recheck_seconds}."
-        raise ValueError(msg)
-    return FileKey(os.fspath(path), float(recheck_seconds))
+    seconds = _check_recheck(recheck_seconds)
+    if callable(path):
+        return FileKey(path, seconds)
+    return FileKey(os.fspath(path), seconds)
+
+
+@final
+class KeyTuple:
+    """Key functions combined: the tuple of their values.
+
+    Made by ``process_singleton(key=(...))``. Its changes are pushed when
+    every part's are (``keys.env`` and ``keys.file`` with a non-zero
+    *recheck_seconds*); otherwise it is evaluated on every call.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[Callable[[], object], ...]) -> None:
+        """Remember the parts, in order."""
+        self.parts = parts
+
+    def __call__(self) -> tuple[object, ...]:
+        """Return the tuple of the parts' values."""
+        return tuple([part() for part in self.parts])
+
+    def _watch(self, watcher: _checker.Watcher) -> bool:
+        if not all(isinstance(p, _PUSHABLE) for p in self.parts):
+            return False
+        # A list, not a generator: every part registers, even after one
+        # that cannot push (a spare notification only costs a slow call).
+        pushed = [watch(part, watcher) for part in self.parts]
+        return all(pushed)
+
+    def __repr__(self) -> str:
+        """Show the parts' reprs (names and paths, never values)."""
+        return f"poolkeeper.keys.KeyTuple({self.parts!r})"
+
+
+_PUSHABLE = (EnvKey, FileKey, KeyTuple)
+
+
+def watch(key: object, watcher: _checker.Watcher) -> bool:
+    """Have *key*'s changes pushed to *watcher*; say whether they will be.
+
+    Internal: called by the drivers once per singleton. A key that cannot
+    push (a plain function, a tuple holding one, ``recheck_seconds=0``)
+    returns False and is evaluated on every call.
+    """
+    if isinstance(key, _PUSHABLE):
+        return key._watch(watcher)
+    return False
