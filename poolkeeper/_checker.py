@@ -10,11 +10,14 @@ next call evaluates the key again on the slow path.
 
 The thread starts on the first registration and exits as soon as no key
 has a living watcher (watchers are held weakly); the next registration
-starts it again. It never raises: a key whose check fails is logged (once per streak
-of failures) and its watchers are disarmed, so their next call evaluates
-the key and meets the error itself, as with a polled key. It takes no lock
-that a call takes: only this module's registry lock, the key's own lock,
-and a lifecycle's lock inside ``invalidate()``; it calls no user code.
+starts it again. It never raises: a key whose check fails is logged (once
+per streak of failures) and its watchers are disarmed, so their next call
+evaluates the key and meets the error itself, as with a polled key.
+
+It takes no lock that a hit takes: only this module's registry lock, the
+key's own lock, and a lifecycle's lock inside ``invalidate()``. The only
+user code it runs is a ``keys.file`` path function, and never under a
+lifecycle's lock (``invalidate()`` runs none).
 
 After a fork the child has no checker thread. The at-fork hook only
 resets this module's state (no join, no lock); the next slow-path call of

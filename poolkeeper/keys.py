@@ -1,9 +1,20 @@
 """Key functions: what identifies the configuration a client was built for.
 
-A singleton's *key* is evaluated on every call. When its value differs from
-the one the live client was built with, the client is rebuilt and the old
-one retired. Pass one key function or a tuple of them to
-``@process_singleton(key=...)``.
+When a singleton's *key* value differs from the one the live client was
+built with, the client is rebuilt and the old one retired. Pass one key
+function or a tuple of them to ``@process_singleton(key=...)``.
+
+What each kind notices, and how fast:
+
+- :func:`env`: a change through ``os.environ``, pushed at once; a call
+  reads nothing.
+- :func:`file`: a rewrite, rename over, creation or deletion of the file,
+  seen by the checker thread within *recheck_seconds*; a call reads
+  nothing. With ``recheck_seconds=0``: one ``stat()`` per call, noticed by
+  the next call.
+- A tuple: pushed when every part is, as its parts; otherwise evaluated on
+  every call (its pushing parts answer from their last value).
+- Any other function: evaluated on every call, so it notices what it reads.
 
 .. versionadded:: 0.1
 """
@@ -286,21 +297,30 @@ class KeyTuple:
 
     Made by ``process_singleton(key=(...))``. Its changes are pushed when
     every part's are (``keys.env`` and ``keys.file`` with a non-zero
-    *recheck_seconds*); otherwise it is evaluated on every call.
+    *recheck_seconds*); otherwise it is evaluated on every call, and its
+    pushed parts answer from a value kept until they change, so only the
+    other parts are evaluated on every call.
     """
 
-    __slots__ = ("parts",)
+    __slots__ = ("_evaluate", "parts")
 
     def __init__(self, parts: tuple[Callable[[], object], ...]) -> None:
         """Remember the parts, in order."""
         self.parts = parts
+        self._evaluate = (
+            parts
+            if all(isinstance(p, _PUSHABLE) for p in parts)
+            else tuple(
+                _Kept(p) if isinstance(p, _PUSHABLE) else p for p in parts
+            )
+        )
 
     def __call__(self) -> tuple[object, ...]:
         """Return the tuple of the parts' values."""
-        return tuple([part() for part in self.parts])
+        return tuple([part() for part in self._evaluate])
 
     def _watch(self, watcher: _checker.Watcher) -> bool:
-        if not all(isinstance(p, _PUSHABLE) for p in self.parts):
+        if self._evaluate is not self.parts:
             return False
         # A list, not a generator: every part registers, even after one
         # that cannot push (a spare notification only costs a slow call).
@@ -310,6 +330,40 @@ class KeyTuple:
     def __repr__(self) -> str:
         """Show the parts' reprs (names and paths, never values)."""
         return f"poolkeeper.keys.KeyTuple({self.parts!r})"
+
+
+@final
+class _Kept:
+    """A pushed key's value, evaluated again only after it changed.
+
+    The part of a polled tuple that can push: it watches its key like a
+    singleton would, so the tuple's every-call cost is its other parts.
+    """
+
+    __slots__ = ("__weakref__", "_epoch", "_key", "_pushed", "_value")
+
+    def __init__(self, key: EnvKey | FileKey | KeyTuple) -> None:
+        self._key = key
+        self._value: object = _UNSEEN
+        self._epoch = 0
+        self._pushed = watch(key, self)
+
+    def invalidate(self) -> None:
+        """The key changed: forget the kept value."""
+        self._epoch += 1
+        self._value = _UNSEEN
+
+    def __call__(self) -> object:
+        value = self._value
+        if value is _UNSEEN or not self._pushed:
+            epoch = self._epoch
+            value = self._value = self._key()
+            # A change while the key was read: keep nothing. Either its
+            # invalidate() stored _UNSEEN after this store, or the epoch
+            # moved before this check.
+            if self._epoch != epoch:
+                self._value = _UNSEEN
+        return value
 
 
 _PUSHABLE = (EnvKey, FileKey, KeyTuple)
