@@ -92,10 +92,13 @@ def watch(key: Checked, watcher: Watcher) -> None:
 
 def changed(key: Checked) -> None:
     """Disarm every singleton watching *key*: its value changed."""
-    entry = _entries.get(key)
-    if entry is not None:
-        for watcher in list(entry.watchers):
-            watcher.invalidate()
+    # Copied under the lock: a registration on another thread must not
+    # change the set while it is iterated.
+    with _lock:
+        entry = _entries.get(key)
+        watchers = [] if entry is None else list(entry.watchers)
+    for watcher in watchers:
+        watcher.invalidate()
 
 
 def ensure() -> None:

@@ -82,3 +82,16 @@ class TestPolledHit:
             f for f in frames if f != "matches"
         ]
         assert 5 >= len(frames)
+
+    def test_polled_tuple_reads_no_pushed_part(self, key_file):
+        """In a polled tuple, keys.env and keys.file parts are not re-read."""
+        single = process_singleton(
+            key=(keys.env("PK_TEST_KEY"), keys.file(key_file), lambda: 1)
+        )(Factory())
+        single()
+        single()
+
+        frames = frames_of(single)
+
+        assert not {"get", "__getitem__", "_look", "_where"} & set(frames)
+        assert 10 >= len(frames), frames
