@@ -10,7 +10,11 @@ starts, so only the per-call cost of getting it back is measured:
    taken on every call;
 5. ``@process_singleton`` without a key;
 6. ``@process_singleton(key=keys.env(A, B))`` with both variables set;
-7. for reference, an ``os.getpid()`` comparison on every call: what fork
+7. ``key=keys.file(path)``, the tuple ``(keys.env(A, B), keys.file(path))``
+   and a plain callable key (polled on every call);
+8. ``poolkeeper_daytona.daytona_client()`` when the adapter is installed
+   (built against a refused loopback URL; no request is made);
+9. for reference, an ``os.getpid()`` comparison on every call: what fork
    safety would cost if it were checked on the hit path.
 
 Method (single thread): each variant gets ``timeit.Timer(fn)``; one round
@@ -58,6 +62,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import timeit
@@ -82,6 +87,10 @@ CACHETOOLS = "cachetools.cached + Lock hit"
 LOCKED = "global + Lock every call (incident fix)"
 POOLKEEPER = "poolkeeper, no key"
 POOLKEEPER_ENV = "poolkeeper, keys.env (2 variables)"
+POOLKEEPER_FILE = "poolkeeper, keys.file"
+POOLKEEPER_MIXED = "poolkeeper, (keys.env, keys.file)"
+POOLKEEPER_CALLABLE = "poolkeeper, callable key (polled)"
+DAYTONA = "poolkeeper_daytona.daytona_client()"
 GETPID = "getpid() check every call (reference)"
 
 THREADED = (FUNCTOOLS, LOCKED, POOLKEEPER, POOLKEEPER_ENV)
@@ -173,10 +182,26 @@ def getpid_checked() -> Client:
     return _pid_client
 
 
-def make_variants() -> dict[str, Callable[[], Client]]:
+_SETTING = ("bench-setting",)
+
+
+def _daytona() -> Callable[[], object] | None:
+    """Return the adapter's singleton, configured for a loopback URL."""
+    try:
+        from poolkeeper_daytona import daytona_client
+    except ImportError:
+        return None
+    os.environ["DAYTONA_API_KEY"] = "bench-key"
+    os.environ["DAYTONA_API_URL"] = "http://127.0.0.1:9/api"
+    return daytona_client
+
+
+def make_variants(directory: Path) -> dict[str, Callable[[], Client]]:
     """Return every variant, each called once so that its client is built."""
     for name in ENV_NAMES:
         os.environ[name] = f"bench-value-of-{name.lower()}"
+    key_file = directory / "api_key"
+    key_file.write_text("bench-key-file\n", encoding="utf-8")
     variants: dict[str, Callable[[], Client]] = {
         FLOOR: floor,
         FUNCTOOLS: functools.cache(_factory(FUNCTOOLS)),
@@ -188,8 +213,18 @@ def make_variants() -> dict[str, Callable[[], Client]]:
         POOLKEEPER_ENV: process_singleton(key=keys.env(*ENV_NAMES))(
             _factory(POOLKEEPER_ENV)
         ),
+        POOLKEEPER_FILE: process_singleton(key=keys.file(key_file))(
+            _factory(POOLKEEPER_FILE)
+        ),
+        POOLKEEPER_MIXED: process_singleton(
+            key=(keys.env(*ENV_NAMES), keys.file(key_file))
+        )(_factory(POOLKEEPER_MIXED)),
+        POOLKEEPER_CALLABLE: process_singleton(key=lambda: _SETTING)(
+            _factory(POOLKEEPER_CALLABLE)
+        ),
         GETPID: getpid_checked,
     }
+    daytona = _daytona()
     for name, fn in variants.items():
         first = fn()
         if not (isinstance(first, Client) and first.variant == name):
@@ -198,15 +233,21 @@ def make_variants() -> dict[str, Callable[[], Client]]:
         if fn() is not first:
             msg = f"{name} returned a different client on its second call"
             raise RuntimeError(msg)
+    if daytona is not None:
+        first = daytona()
+        if daytona() is not first:
+            msg = "daytona_client() returned a different client"
+            raise RuntimeError(msg)
+        variants[DAYTONA] = daytona  # type: ignore[assignment]
     return variants
 
 
 def hit_path_kind(fn: object) -> str:
     """Say whether a poolkeeper singleton's C-level hit path is armed."""
     call = type(fn).__dict__.get("__call__")
-    if call is None or getattr(call, "__name__", "") != "__next__":
+    if not isinstance(call, staticmethod):
         return "NOT armed (Python slow path)"
-    return "armed (itertools.repeat(client).__next__)"
+    return "armed (a seeded lru_cache)"
 
 
 def check_no_rebuild(before: dict[str, int]) -> None:
@@ -454,11 +495,12 @@ def header(
         f"- poolkeeper {poolkeeper.__version__}, wrapt {wrapt.__version__},"
         f" cachetools {cachetools.__version__}"
     )
-    armed = (
-        f"- poolkeeper hit path: no key"
-        f" {hit_path_kind(variants[POOLKEEPER])}; keys.env"
-        f" {hit_path_kind(variants[POOLKEEPER_ENV])}"
-    )
+    kinds = [
+        f"{name.removeprefix('poolkeeper, ')} {hit_path_kind(fn)}"
+        for name, fn in variants.items()
+        if name.startswith(("poolkeeper", "poolkeeper_daytona"))
+    ]
+    armed = "- poolkeeper hit path: " + "; ".join(kinds)
     single = (
         f"- single thread: {settings.rounds} rounds x {settings.number:,}"
         " calls per variant, round-robin. Every row includes the same"
@@ -503,7 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = QUICK if args.quick else DEFAULT
     began = time.perf_counter()
-    variants = make_variants()
+    scratch = tempfile.TemporaryDirectory()
+    variants = make_variants(Path(scratch.name))
     built = dict(builds)
 
     samples = time_single(variants, settings)

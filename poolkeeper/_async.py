@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
-from poolkeeper import _registry
+from poolkeeper import _registry, keys
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._identity import (
     Identity,
@@ -70,6 +70,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     _self_key: Callable[[], object] | None
     _self_life: Lifecycle[T]
     _self_closer: Closer
+    # (epoch, record): *record* matched the key read at *epoch*.
+    _self_seen: tuple[int, Record[T] | None]
 
     def __init__(  # noqa: PLR0913 -- mirrors the keyword-only options.
         self,
@@ -90,6 +92,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             name, pushed=False, min_interval=min_rebuild_interval
         )
         self._self_life = life
+        self._self_seen = (-1, None)
         self._self_closer = Closer(life, close, is_async=True)
         entry = _registry.Entry(
             life,
@@ -99,6 +102,9 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             prune=functools.partial(_prune, life),
         )
         _registry.register(self, entry)
+        # Changes of keys.env and keys.file keys are pushed: see _get.
+        if key is not None and keys.watch(key, life):
+            life.pushed = True
 
     def __call__(
         self, *args: object, **kwargs: object
@@ -120,9 +126,20 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         return self._get()
 
     async def _get(self) -> T:
-        overrides = self._self_life.overrides
+        life = self._self_life
+        overrides = life.overrides
         if overrides:
             return cast("T", overrides[-1][1])
+        # A pushed key (keys.env, keys.file) bumps the epoch when it
+        # changes: while the epoch stands, a record that matched the key
+        # read at that epoch and is still live on this loop is the answer,
+        # and the key need not be read again.
+        epoch, seen = self._self_seen
+        if seen is not None and epoch == life.epoch:
+            slot, client = seen.slot, seen.client
+            live = slot.live
+            if live is seen and slot.loop() is asyncio.get_running_loop():
+                return client
         return (await self._acquire()).client
 
     # -- slots --------------------------------------------------------------
@@ -153,8 +170,11 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             report_fork_errors(self._self_name, life.fork_errors)
         slot = self._slot()
         built: Ticket | None = None
+        epoch = life.epoch
         for _ in range(MAX_ROUNDS):
             if built is None:
+                # Read before the key: see _get.
+                epoch = life.epoch
                 key_hash, key = evaluate_key(self._self_key, self._self_name)
             else:
                 # The builder is served what it built, if still live.
@@ -163,6 +183,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             # No lock: this slot's clients are only ever closed on this
             # loop, so none can start closing while this code runs.
             if live is not None and live.matches(key_hash, key):
+                if life.pushed:
+                    self._self_seen = (epoch, live)
                 return live
             if slot.dropped:
                 slot = self._slot()

@@ -20,7 +20,7 @@ from typing import (
 
 from poolkeeper._async import AsyncProcessSingleton
 from poolkeeper._singleton import ProcessSingleton, make
-from poolkeeper.keys import EnvKey
+from poolkeeper.keys import EnvKey, KeyTuple
 
 T = TypeVar("T")
 # The client type a close= or after_fork= hook accepts: a hook for a wider
@@ -316,14 +316,14 @@ def _check_factory(factory: object) -> bool:
 def _combine(
     parts: tuple[Callable[[], object], ...],
 ) -> Callable[[], object]:
-    """Combine key functions into one returning a tuple of their values."""
+    """Combine key functions into one returning a tuple of their values.
+
+    Environment keys alone merge into one ``keys.env`` key; any other mix
+    is a :class:`~poolkeeper.keys.KeyTuple`, pushed when every part is.
+    """
     env_parts = [p for p in parts if isinstance(p, EnvKey)]
     if len(env_parts) == len(parts):
         return EnvKey(
             tuple(dict.fromkeys(n for p in env_parts for n in p.names))
         )
-
-    def combined() -> tuple[object, ...]:
-        return tuple([part() for part in parts])
-
-    return combined
+    return KeyTuple(parts)

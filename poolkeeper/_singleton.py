@@ -20,7 +20,7 @@ from typing import (
 
 import wrapt
 
-from poolkeeper import _environ, _registry
+from poolkeeper import _registry, keys
 from poolkeeper._close import Closer, run_each
 from poolkeeper._identity import (
     Identity,
@@ -41,7 +41,6 @@ from poolkeeper._lifecycle import (
 from poolkeeper._proxy import ClientProxy
 from poolkeeper._waits import building, waiting
 from poolkeeper.exceptions import PoolkeeperError
-from poolkeeper.keys import EnvKey
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -169,9 +168,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             life, self._self_closer, after_fork, keep=fork == "keep"
         )
         _registry.register(self, entry)
-        # Changes to environment variables are pushed, not polled: the hit
-        # path stays armed until one of them changes.
-        if isinstance(key, EnvKey) and _environ.watch(key.names, life):
+        # Changes of keys.env and keys.file keys (and tuples of them) are
+        # pushed, not polled: the hit path stays armed until one changes.
+        if key is not None and keys.watch(key, life):
             life.pushed = True
 
     # -- calls --------------------------------------------------------------

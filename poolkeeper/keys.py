@@ -1,9 +1,20 @@
 """Key functions: what identifies the configuration a client was built for.
 
-A singleton's *key* is evaluated on every call. When its value differs from
-the one the live client was built with, the client is rebuilt and the old
-one retired. Pass one key function or a tuple of them to
-``@process_singleton(key=...)``.
+When a singleton's *key* value differs from the one the live client was
+built with, the client is rebuilt and the old one retired. Pass one key
+function or a tuple of them to ``@process_singleton(key=...)``.
+
+What each kind notices, and how fast:
+
+- :func:`env`: a change through ``os.environ``, pushed at once; a call
+  reads nothing.
+- :func:`file`: a rewrite, rename over, creation or deletion of the file,
+  seen by the checker thread within *recheck_seconds*; a call reads
+  nothing. With ``recheck_seconds=0``: one ``stat()`` per call, noticed by
+  the next call.
+- A tuple: pushed when every part is, as its parts; otherwise evaluated on
+  every call (its pushing parts answer from their last value).
+- Any other function: evaluated on every call, so it notices what it reads.
 
 .. versionadded:: 0.1
 """
@@ -11,10 +22,15 @@ one retired. Pass one key function or a tuple of them to
 from __future__ import annotations
 
 import os
-import time
-from typing import final
+from typing import TYPE_CHECKING, final
 
-from poolkeeper._fingerprint import fingerprint
+from poolkeeper import _environ
+from poolkeeper._filekey import _UNSEEN, FileKey, check_recheck
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from poolkeeper import _checker
 
 __all__ = ["env", "file"]
 
@@ -37,6 +53,10 @@ class EnvKey:
         """Return the current value of each variable, ``None`` if unset."""
         get = os.environ.get
         return tuple([get(name) for name in self.names])
+
+    def _watch(self, watcher: _checker.Watcher) -> bool:
+        """Have changes pushed to *watcher*; say whether they will be."""
+        return _environ.watch(self.names, watcher)
 
     def __repr__(self) -> str:
         """Name the variables, never their values."""
@@ -84,80 +104,142 @@ def _check_names(names: tuple[object, ...]) -> None:
             raise TypeError(msg)
 
 
-@final
-class FileKey:
-    """The content of a file, re-read only when it changes; see :func:`file`.
-
-    Only a fingerprint of the content is kept, never the content itself.
-    """
-
-    __slots__ = ("_path", "_recheck", "_state")
-
-    def __init__(self, path: str, recheck_seconds: float) -> None:
-        """Remember the file and how often to look at it."""
-        self._path = path
-        self._recheck = recheck_seconds
-        # (next check, stat signature, key value), replaced as one tuple so
-        # that a concurrent caller never sees a new signature with an old
-        # value.
-        self._state: tuple[float, object, tuple[str, str | None]] = (
-            float("-inf"),
-            object(),
-            (path, None),
-        )
-
-    def __call__(self) -> tuple[str, str | None]:
-        """Return ``(path, fingerprint of the content or None if absent)``."""
-        due, signature, value = self._state
-        now = time.monotonic()
-        if now < due:
-            return value
-        try:
-            st = os.stat(self._path)  # noqa: PTH116 -- str path, no Path object.
-        except FileNotFoundError:
-            current: object = None
-        else:
-            current = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
-        if current != signature:
-            value = (self._path, self._read())
-        self._state = (now + self._recheck, current, value)
-        return value
-
-    def _read(self) -> str | None:
-        try:
-            with open(self._path, "rb") as f:  # noqa: PTH123
-                return fingerprint(f.read())
-        except FileNotFoundError:
-            return None
-
-    def __repr__(self) -> str:
-        """Name the file, never its content."""
-        return f"poolkeeper.keys.file({self._path!r})"
-
-
 def file(
-    path: str | os.PathLike[str], *, recheck_seconds: float = 5.0
+    path: str | os.PathLike[str] | Callable[[], str | os.PathLike[str]],
+    *,
+    recheck_seconds: float = 5.0,
 ) -> FileKey:
     """Key a singleton on the content of a file, such as an API key file.
 
-    The file is ``stat()``-ed at most once every *recheck_seconds* and read
-    again only when its modification time, size or inode changed, so
-    rotating the file (in place or by rename) is noticed within
-    *recheck_seconds*. A missing file is a valid key value of its own.
+    With *recheck_seconds* > 0 the file is watched by poolkeeper's checker,
+    one daemon thread for the whole process: every *recheck_seconds* it
+    ``stat()``-s the file and re-reads it when its modification time,
+    size, inode or device changed. When the content changed, it disarms
+    the singletons using the key, so the hit path itself reads nothing
+    (it costs the same as with no key). Rotating the file, in place or by
+    rename, is therefore noticed within *recheck_seconds* (plus the time
+    the checker takes for the other keys), and at once by a call that is
+    on the slow path anyway. A missing file is a valid key value of its
+    own, and creating or deleting the file is a change.
+
+    With ``recheck_seconds=0`` the file is ``stat()``-ed on every call
+    instead, and a change is noticed by the next call.
+
+    Not noticed: a rewrite that keeps the modification time, size and
+    inode all equal (within the file system's timestamp resolution).
 
     Args:
-        path: The file to watch.
-        recheck_seconds: The longest a change may go unnoticed.
+        path: The file to watch, or a function returning its path: that
+            function is called on every evaluation of the key (on the slow
+            path only, while changes are pushed) and by the checker, so a
+            path that depends on the environment or the working directory
+            is followed. Relative paths are resolved against the working
+            directory at each look.
+        recheck_seconds: The longest a change may go unnoticed; 0 to look
+            on every call.
 
     Returns:
-        A key function returning ``(path, content fingerprint)``.
+        A key function returning ``(path, content fingerprint)``, with
+        ``None`` as the fingerprint of a missing file.
 
     Raises:
         ValueError: If *recheck_seconds* is negative.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.1
+       A checker thread pushes changes; *path* may be a function.
     """
-    if recheck_seconds < 0:
-        msg = f"keys.file() needs recheck_seconds >= 0, got {recheck_seconds}."
-        raise ValueError(msg)
-    return FileKey(os.fspath(path), float(recheck_seconds))
+    seconds = check_recheck(recheck_seconds)
+    if callable(path):
+        return FileKey(path, seconds)
+    return FileKey(os.fspath(path), seconds)
+
+
+@final
+class KeyTuple:
+    """Key functions combined: the tuple of their values.
+
+    Made by ``process_singleton(key=(...))``. Its changes are pushed when
+    every part's are (``keys.env`` and ``keys.file`` with a non-zero
+    *recheck_seconds*); otherwise it is evaluated on every call, and its
+    pushed parts answer from a value kept until they change, so only the
+    other parts are evaluated on every call.
+    """
+
+    __slots__ = ("_evaluate", "parts")
+
+    def __init__(self, parts: tuple[Callable[[], object], ...]) -> None:
+        """Remember the parts, in order."""
+        self.parts: tuple[Callable[[], object], ...] = parts
+        self._evaluate = (
+            parts
+            if all(isinstance(p, _PUSHABLE) for p in parts)
+            else tuple(
+                _Kept(p) if isinstance(p, _PUSHABLE) else p for p in parts
+            )
+        )
+
+    def __call__(self) -> tuple[object, ...]:
+        """Return the tuple of the parts' values."""
+        return tuple([part() for part in self._evaluate])
+
+    def _watch(self, watcher: _checker.Watcher) -> bool:
+        if self._evaluate is not self.parts:
+            return False
+        # A list, not a generator: every part registers, even after one
+        # that cannot push (a spare notification only costs a slow call).
+        pushed = [watch(part, watcher) for part in self.parts]
+        return all(pushed)
+
+    def __repr__(self) -> str:
+        """Show the parts' reprs (names and paths, never values)."""
+        return f"poolkeeper.keys.KeyTuple({self.parts!r})"
+
+
+@final
+class _Kept:
+    """A pushed key's value, evaluated again only after it changed.
+
+    The part of a polled tuple that can push: it watches its key like a
+    singleton would, so the tuple's every-call cost is its other parts.
+    """
+
+    __slots__ = ("__weakref__", "_epoch", "_key", "_pushed", "_value")
+
+    def __init__(self, key: EnvKey | FileKey | KeyTuple) -> None:
+        self._key = key
+        self._value: object = _UNSEEN
+        self._epoch = 0
+        self._pushed = watch(key, self)
+
+    def invalidate(self) -> None:
+        """The key changed: forget the kept value."""
+        self._epoch += 1
+        self._value = _UNSEEN
+
+    def __call__(self) -> object:
+        value = self._value
+        if value is _UNSEEN or not self._pushed:
+            epoch = self._epoch
+            value = self._value = self._key()
+            # A change while the key was read: keep nothing. Either its
+            # invalidate() stored _UNSEEN after this store, or the epoch
+            # moved before this check.
+            if self._epoch != epoch:
+                self._value = _UNSEEN
+        return value
+
+
+_PUSHABLE = (EnvKey, FileKey, KeyTuple)
+
+
+def watch(key: object, watcher: _checker.Watcher) -> bool:
+    """Have *key*'s changes pushed to *watcher*; say whether they will be.
+
+    Internal: called by the drivers once per singleton. A key that cannot
+    push (a plain function, a tuple holding one, ``recheck_seconds=0``)
+    returns False and is evaluated on every call.
+    """
+    if isinstance(key, _PUSHABLE):
+        return key._watch(watcher)
+    return False

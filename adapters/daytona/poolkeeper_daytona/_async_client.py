@@ -10,7 +10,7 @@ from typing import Final
 import daytona
 from poolkeeper import process_singleton
 
-from poolkeeper_daytona._client import _build, _env_key, _files_key
+from poolkeeper_daytona._client import _KEY, _build
 from poolkeeper_daytona._guard import unrecognised
 
 __all__ = ["aclose_daytona", "async_daytona_client"]
@@ -52,7 +52,7 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
             await asyncio.wait_for(shutdown(), _SHUTDOWN_SECONDS)
 
 
-@process_singleton(key=(_env_key, _files_key), close=aclose_daytona)
+@process_singleton(key=_KEY, close=aclose_daytona)
 async def async_daytona_client() -> daytona.AsyncDaytona:
     """Return the running loop's ``daytona.AsyncDaytona``, from the env.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -74,48 +73,42 @@ class DaytonaCredentialsError(ValueError):
         )
 
 
-class _FileKeys:
-    """``keys.file`` callables, one per path, created on first use.
-
-    The key file's path comes from the environment, so the set of files to
-    watch is only known at call time.
-    """
-
-    def __init__(self, recheck_seconds: float) -> None:
-        self.recheck_seconds = recheck_seconds
-        self._lock = threading.Lock()
-        self._by_path: dict[Path, Callable[[], Hashable]] = {}
-
-    def __call__(self, path: Path) -> Hashable:
-        key = self._by_path.get(path)
-        if key is None:
-            with self._lock:
-                key = self._by_path.get(path)
-                if key is None:
-                    key = keys.file(path, recheck_seconds=self.recheck_seconds)
-                    self._by_path[path] = key
-        return key()
-
-    def forget(self) -> None:
-        """Drop every watcher (tests change *recheck_seconds* with it)."""
-        with self._lock:
-            self._by_path.clear()
+# How often the checker thread looks at the key file and the dotenv files.
+_RECHECK_SECONDS: Final = 5.0
 
 
-_file_keys = _FileKeys(recheck_seconds=5.0)
+def _key_file_path() -> str:
+    name = os.environ.get("DAYTONA_API_KEY_FILE") or DEFAULT_API_KEY_FILE
+    return os.path.expanduser(name)  # noqa: PTH111 -- str in, str out.
+
+
+def _in_cwd(name: str) -> Callable[[], str]:
+    def path() -> str:
+        return os.path.join(os.getcwd(), name)  # noqa: PTH109, PTH118
+
+    path.__qualname__ = path.__name__ = f"<working directory>/{name}"
+    return path
+
+
+# The key file (wherever DAYTONA_API_KEY_FILE points) and the working
+# directory's dotenv files, watched by poolkeeper's checker thread. Their
+# paths are functions: a changed DAYTONA_API_KEY_FILE is pushed by the env
+# key, and the slow path then looks at the file it names now; a changed
+# working directory is seen by the checker (its paths change).
+_file_keys = (
+    keys.file(_key_file_path, recheck_seconds=_RECHECK_SECONDS),
+    *(
+        keys.file(_in_cwd(name), recheck_seconds=_RECHECK_SECONDS)
+        for name in _DOTENV_FILES
+    ),
+)
 _env_key = keys.env(*_ENV_VARS)
+# Every part is pushed, so the tuple is too: a hit reads nothing.
+_KEY: Final[tuple[Callable[[], object], ...]] = (_env_key, *_file_keys)
 
 
 def _key_file() -> Path:
-    name = os.environ.get("DAYTONA_API_KEY_FILE") or DEFAULT_API_KEY_FILE
-    return Path(name).expanduser()
-
-
-def _files_key() -> Hashable:
-    """Key on the key file and the working directory's dotenv files."""
-    cwd = Path.cwd()
-    dotenv = tuple([_file_keys(cwd / name) for name in _DOTENV_FILES])
-    return (_file_keys(_key_file()), dotenv)
+    return Path(_key_file_path())
 
 
 def _sdk_setting(name: str, files: list[dict[str, str | None]]) -> str | None:
@@ -176,9 +169,7 @@ def _build(cls: type[_Client]) -> _Client:
         return cls(config)
 
 
-@process_singleton(
-    key=(_env_key, _files_key), close=close_daytona, after_fork=_after_fork
-)
+@process_singleton(key=_KEY, close=close_daytona, after_fork=_after_fork)
 def daytona_client() -> daytona.Daytona:
     """Return the process's ``daytona.Daytona``, configured from the env.
 
@@ -191,10 +182,18 @@ def daytona_client() -> daytona.Daytona:
     ``DAYTONA_API_KEY_FILE`` (default ``~/.config/daytona/api_key``).
 
     The client is built once per process and reused by every thread. When
-    any of those values changes (a rotated key in the environment or the key
-    file), the next call builds a new client and the old one is closed with
-    :func:`close_daytona` once its last lease ends. A forked child builds
-    its own and leaves the parent's untouched.
+    any of those values changes, the next call builds a new client and the
+    old one is closed with :func:`close_daytona` once its last lease ends:
+
+    - a ``DAYTONA_*`` variable changed through ``os.environ``: at once
+      (pushed; a call reads nothing);
+    - the key file, ``.env`` or ``.env.local`` rewritten, replaced,
+      created or deleted, or the working directory changed: within 5
+      seconds (poolkeeper's checker thread ``stat()``-s them; see
+      :func:`poolkeeper.keys.file`). A changed ``DAYTONA_API_KEY_FILE``
+      makes the next call look at the file it names at once.
+
+    A forked child builds its own and leaves the parent's untouched.
 
     Raises:
         DaytonaCredentialsError: If the SDK finds no credentials and the
@@ -205,9 +204,23 @@ def daytona_client() -> daytona.Daytona:
     return _build(daytona.Daytona)
 
 
-def _config_key(config: daytona.DaytonaConfig) -> str:
-    items = sorted(config.model_dump().items())
-    return fingerprint(repr(items))
+def _config_key(config: daytona.DaytonaConfig) -> Hashable:
+    """Return what identifies *config*: its field values, or a fingerprint.
+
+    Reading the fields is cheap; the dump and fingerprint are only for a
+    config holding an unhashable value. The values are kept sealed by
+    poolkeeper for comparison and shown only as fingerprints.
+    """
+    values = (
+        type(config),
+        tuple(config.__dict__.items()),
+        tuple((config.__pydantic_extra__ or {}).items()),
+    )
+    try:
+        hash(values)
+    except TypeError:
+        return fingerprint(repr(sorted(config.model_dump().items())))
+    return values
 
 
 def make_daytona_singleton(
@@ -216,11 +229,18 @@ def make_daytona_singleton(
 ) -> ProcessSingleton[daytona.Daytona]:
     """Make a process-wide ``daytona.Daytona`` built from your own config.
 
-    By default the singleton is keyed on a fingerprint of the config that
-    *config_factory* returns (called on every access, so keep it cheap) and
-    on every ``DAYTONA_*`` value the SDK's constructor reads from the
-    environment and dotenv files; a change builds a new client and closes
-    the old one with :func:`close_daytona`.
+    By default the singleton is keyed on the config that *config_factory*
+    returns and on every ``DAYTONA_*`` value the SDK's constructor reads
+    from the environment and dotenv files; a change builds a new client
+    and closes the old one with :func:`close_daytona`.
+
+    What a call costs: *config_factory* is called on every call (the
+    singleton cannot know when your config changes), then its fields are
+    read and hashed (a fingerprint of its dump only when a field holds an
+    unhashable value). The environment and the files cost nothing per
+    call: their changes are pushed as for :data:`daytona_client` (at once
+    for variables, within 5 seconds for files). So keep *config_factory*
+    cheap, e.g. return a config built once and replaced when it changes.
 
     Args:
         config_factory: Returns the ``DaytonaConfig`` to build with.
@@ -233,8 +253,8 @@ def make_daytona_singleton(
     .. versionadded:: 0.1.0
     """
 
-    def key() -> Hashable:
-        return (_config_key(config_factory()), _env_key(), _files_key())
+    def config_key() -> Hashable:
+        return _config_key(config_factory())
 
     def build() -> daytona.Daytona:
         return daytona.Daytona(config_factory())
@@ -242,7 +262,7 @@ def make_daytona_singleton(
     build.__qualname__ = build.__name__ = getattr(
         config_factory, "__qualname__", "daytona_singleton"
     )
-    options.setdefault("key", key)
+    options.setdefault("key", (config_key, *_KEY))
     options.setdefault("close", close_daytona)
     options.setdefault("after_fork", _after_fork)
     singleton: ProcessSingleton[daytona.Daytona] = process_singleton(

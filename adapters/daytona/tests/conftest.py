@@ -20,6 +20,9 @@ __all__ = ["daytona_emulator"]
 # conftest hides the SDK, which must never happen in this process.
 collect_ignore = ["recipe_project"]
 
+# How often the checker looks at the key and dotenv files in the tests.
+RECHECK = 0.05
+
 # Exactly the variables the adapter keys on.
 _SDK_VARS = _ENV_VARS
 
@@ -46,12 +49,12 @@ def _sdk_env(monkeypatch, tmp_path, daytona_emulator):
     monkeypatch.setenv("DAYTONA_API_KEY_FILE", str(tmp_path / "api_key"))
     monkeypatch.setenv("DAYTONA_API_URL", daytona_emulator.api_url)
     monkeypatch.setenv("DAYTONA_TARGET", "us")
-    monkeypatch.setattr(_file_keys, "recheck_seconds", 0.0)
-    _file_keys.forget()
+    # The checker looks at the files often: a test waits for it.
+    for key in _file_keys:
+        monkeypatch.setattr(key, "recheck_seconds", RECHECK)
     yield monkeypatch
     # Close every singleton's client while the emulator still runs.
     poolkeeper.close_all()
-    _file_keys.forget()
 
 
 @pytest.fixture(name="make_client")

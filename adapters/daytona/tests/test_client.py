@@ -176,6 +176,10 @@ class TestKeyRotation:
         old.create()
 
         key_file.write_text("second-key")
+        # The checker notices within its recheck interval (conftest); old
+        # stays referenced, so its id is not reused meanwhile.
+        old_id = id(old)
+        assert wait_for(lambda: id(daytona_client()) != old_id)
         new = daytona_client()
 
         assert new is not old
@@ -190,3 +194,39 @@ class TestKeyRotation:
                 == baseline
             )
         )
+
+
+class TestWhatIsWatched:
+    """Files are watched by the checker thread; variables are pushed."""
+
+    def test_dotenv_rewrite_is_noticed(self, sdk_env, tmp_path):
+        """A rewritten .env.local rebuilds once the checker looked."""
+        (tmp_path / ".env.local").write_text("DAYTONA_API_KEY=one\n")
+        old = daytona_client()
+        assert "one" == old._api_key
+
+        (tmp_path / ".env.local").write_text("DAYTONA_API_KEY=two, longer\n")
+
+        assert wait_for(lambda: "two, longer" == daytona_client()._api_key)
+
+    def test_working_directory_change_is_noticed(self, sdk_env, tmp_path):
+        """Moving to a directory with another .env rebuilds."""
+        (tmp_path / ".env").write_text("DAYTONA_API_KEY=here\n")
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / ".env").write_text("DAYTONA_API_KEY=there\n")
+        assert "here" == daytona_client()._api_key
+
+        sdk_env.chdir(elsewhere)
+
+        assert wait_for(lambda: "there" == daytona_client()._api_key)
+
+    def test_new_key_file_variable_is_read_at_once(self, sdk_env, tmp_path):
+        """A changed DAYTONA_API_KEY_FILE is pushed; its file read now."""
+        (tmp_path / "api_key").write_text("first")
+        (tmp_path / "other_key").write_text("other")
+        assert "first" == daytona_client()._api_key
+
+        sdk_env.setenv("DAYTONA_API_KEY_FILE", str(tmp_path / "other_key"))
+
+        assert "other" == daytona_client()._api_key

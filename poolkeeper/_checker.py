@@ -1,0 +1,190 @@
+"""The checker: one daemon thread that looks at file keys so calls need not.
+
+A ``keys.file`` key would otherwise be polled on every call. Instead, each
+singleton using one registers its lifecycle here, and the checker thread
+calls the key's ``_check()`` every ``recheck_seconds``. The key compares
+what it sees (a ``stat()`` signature, re-reading the file only when that
+changed) with what it last saw, and when its value changed it calls
+:func:`changed`, which disarms the watching singletons' hit paths: their
+next call evaluates the key again on the slow path.
+
+The thread starts on the first registration and exits as soon as no key
+has a living watcher (watchers are held weakly); the next registration
+starts it again. It never raises: a key whose check fails is logged (once
+per streak of failures) and its watchers are disarmed, so their next call
+evaluates the key and meets the error itself, as with a polled key.
+
+It takes no lock that a hit takes: only this module's registry lock, the
+key's own lock, and a lifecycle's lock inside ``invalidate()``. The only
+user code it runs is a ``keys.file`` path function, and never under a
+lifecycle's lock (``invalidate()`` runs none).
+
+After a fork the child has no checker thread. The at-fork hook only
+resets this module's state (no join, no lock); the next slow-path call of
+a checked key (every singleton's first call in the child is one) starts a
+new thread through :func:`ensure`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Protocol
+
+log = logging.getLogger("poolkeeper")
+
+# The longest the thread sleeps without looking at its schedule again, and
+# the shortest interval it honours (a recheck_seconds of 0 is polled).
+_MAX_SLEEP = 1.0
+_MIN_INTERVAL = 0.01
+
+
+class Watcher(Protocol):
+    """What a key notifies: a singleton's lifecycle."""
+
+    def invalidate(self) -> None:
+        """Disarm the hit path; the next call evaluates the key."""
+
+
+class Checked(Protocol):
+    """A key the checker can look at."""
+
+    @property
+    def recheck_seconds(self) -> float:
+        """The longest a change may go unnoticed."""
+        ...  # pragma: no cover
+
+    def _check(self) -> None:
+        """Look again; call :func:`changed` if the value changed."""
+
+
+class _Entry:
+    """One checked key: its watchers (weakly) and when it was checked."""
+
+    __slots__ = ("checked", "failing", "watchers")
+
+    def __init__(self, checked: float) -> None:
+        self.watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
+        self.checked = checked
+        self.failing = False
+
+
+_entries: dict[Checked, _Entry] = {}
+# Guards _entries and _thread; never held while a key is checked.
+_lock = threading.Lock()
+_wake = threading.Event()
+_thread: threading.Thread | None = None
+
+
+def watch(key: Checked, watcher: Watcher) -> None:
+    """Check *key* every ``recheck_seconds``; tell *watcher* of changes."""
+    with _lock:
+        entry = _entries.get(key)
+        if entry is None:
+            entry = _entries[key] = _Entry(time.monotonic())
+        entry.watchers.add(watcher)
+        _start()
+    _wake.set()
+
+
+def changed(key: Checked) -> None:
+    """Disarm every singleton watching *key*: its value changed."""
+    # Copied under the lock: a registration on another thread must not
+    # change the set while it is iterated.
+    with _lock:
+        entry = _entries.get(key)
+        watchers = [] if entry is None else list(entry.watchers)
+    for watcher in watchers:
+        watcher.invalidate()
+
+
+def ensure() -> None:
+    """Start the thread if keys are watched but none runs (after a fork)."""
+    if _thread is None and _entries:
+        with _lock:
+            _start()
+
+
+def wake() -> None:
+    """Make the thread look at its schedule now (an interval changed)."""
+    _wake.set()
+
+
+def _start() -> None:
+    # Under _lock. The thread clears _thread under the same lock when it
+    # exits, so a registration either sees it running or starts another.
+    global _thread  # noqa: PLW0603 -- the one checker of the process.
+    if _thread is not None or not _entries:
+        return
+    _thread = threading.Thread(
+        target=_run, name="poolkeeper-checker", daemon=True
+    )
+    _thread.start()
+
+
+def _due() -> list[tuple[Checked, _Entry]] | None:
+    """Return the live entries, or None after retiring the thread."""
+    global _thread  # noqa: PLW0603 -- the one checker of the process.
+    with _lock:
+        for key in [k for k, e in _entries.items() if not e.watchers]:
+            del _entries[key]
+        if not _entries:
+            _thread = None
+            return None
+        return list(_entries.items())
+
+
+def _run() -> None:
+    me = threading.current_thread()
+    while _thread is me:
+        # Cleared before looking: a registration made while this pass runs
+        # sets it again, so the wait below returns at once.
+        _wake.clear()
+        entries = _due()
+        if entries is None:
+            return
+        wake_at = time.monotonic() + _MAX_SLEEP
+        for key, entry in entries:
+            # Read on every pass, so a changed interval applies at once.
+            interval = max(key.recheck_seconds, _MIN_INTERVAL)
+            if time.monotonic() >= entry.checked + interval:
+                _check(key, entry)
+                entry.checked = time.monotonic()
+            wake_at = min(wake_at, entry.checked + interval)
+        _wake.wait(max(wake_at - time.monotonic(), 0.0))
+
+
+def _check(key: Checked, entry: _Entry) -> None:
+    try:
+        key._check()
+    except Exception:
+        if not entry.failing:
+            log.warning(
+                "Checking the key %r failed; its singletons evaluate it on "
+                "their next call.",
+                key,
+                exc_info=True,
+            )
+        entry.failing = True
+        try:
+            changed(key)
+        except Exception:
+            log.debug("Disarming after a failed check failed.", exc_info=True)
+    else:
+        entry.failing = False
+
+
+def _after_fork_in_child() -> None:
+    # The parent's thread does not exist here and its lock may be held:
+    # fresh ones, nothing joined. The keys stay registered; ensure()
+    # starts a thread on the child's first slow-path call of one.
+    global _lock, _wake, _thread  # noqa: PLW0603 -- see above.
+    _lock = threading.Lock()
+    _wake = threading.Event()
+    _thread = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
