@@ -12,7 +12,6 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Generic,
-    TypeAlias,
     TypeVar,
     cast,
     final,
@@ -58,11 +57,6 @@ else:
 
 T = TypeVar("T")
 
-if TYPE_CHECKING:
-    # What a lease needs, read from the singleton once (see _Lease).
-    _LeaseParts: TypeAlias = tuple[
-        "weakref.ReferenceType[Any]", "Lifecycle[T]", "Slot", Closer, str
-    ]
 
 log = logging.getLogger("poolkeeper")
 
@@ -157,7 +151,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         self._self_life = life
         self._self_slot = life.open_slot(None, None)[0]
         self._self_closer = Closer(life, close, is_async=False)
-        self._self_lease = (
+        self._self_lease = _LeaseParts(
             weakref.ref(self),
             life,
             self._self_slot,
@@ -392,6 +386,30 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
 
 
 @final
+class _LeaseParts(Generic[T]):
+    """What a lease needs, read from the singleton once; holds it weakly."""
+
+    __slots__ = ("closer", "life", "name", "ref", "slot")
+
+    def __init__(
+        self,
+        ref: weakref.ReferenceType[Any],
+        life: Lifecycle[T],
+        slot: Slot,
+        closer: Closer,
+        name: str,
+    ) -> None:
+        self.ref = ref
+        self.life = life
+        self.slot = slot
+        self.closer = closer
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<lease parts of {self.name}>"
+
+
+@final
 class _Lease(Generic[T]):
     """``with single.lease() as client:``; a class, not a generator: cheap.
 
@@ -409,8 +427,9 @@ class _Lease(Generic[T]):
         if self._record is not None:
             msg = "A lease is entered once; call lease() for another."
             raise RuntimeError(msg)
-        ref, life, slot, _, name = self._parts
-        single: ProcessSingleton[T] | None = ref()
+        parts = self._parts
+        life, slot, name = parts.life, parts.slot, parts.name
+        single: ProcessSingleton[T] | None = parts.ref()
         if single is None:  # Dropped between lease() and entering it.
             msg = f"The singleton {name} was garbage collected."
             raise ReferenceError(msg)
@@ -436,12 +455,13 @@ class _Lease(Generic[T]):
         if record is None:
             return
         self._record = None
-        _, life, _, closer, _ = self._parts
+        parts = self._parts
         doomed: list[Record[T]] = []
         try:
-            life.unlease(record, doomed)
+            parts.life.unlease(record, doomed)
         finally:
-            run_each(functools.partial(closer.close, r) for r in doomed)
+            close = parts.closer.close
+            run_each(functools.partial(close, r) for r in doomed)
 
 
 def _switch(cls: type, name: str, client: object) -> None:
