@@ -139,14 +139,20 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         name = getattr(factory, "__qualname__", repr(factory))
         self._self_name = name
         self._self_key = key
+        # Where the polled hit path finds the key (see _arm_polled).
+        type.__setattr__(type(self), "_poolkeeper_key", key)
         life: Lifecycle[T] = Lifecycle(
             name,
             pushed=key is None,
             min_interval=min_rebuild_interval,
-            switch=functools.partial(_switch, type(self), name),
+            # The lifecycle outlives a dropped singleton (the registry holds
+            # it), so it holds the singleton's class weakly: the class's
+            # polled __call__ holds the key, and a key may reach the
+            # singleton.
+            switch=functools.partial(_switch, weakref.ref(type(self)), name),
             arm_polled=None
             if key is None
-            else functools.partial(_arm_polled, type(self), key),
+            else functools.partial(_arm_polled, weakref.ref(type(self))),
         )
         self._self_life = life
         self._self_slot = life.open_slot(None, None)[0]
@@ -464,8 +470,13 @@ class _Lease(Generic[T]):
             run_each(functools.partial(close, r) for r in doomed)
 
 
-def _switch(cls: type, name: str, client: object) -> None:
-    """Arm *cls*'s hit path with *client*, or disarm it (None)."""
+def _switch(
+    cls_ref: weakref.ReferenceType[type], name: str, client: object
+) -> None:
+    """Arm the class's hit path with *client*, or disarm it (None)."""
+    cls = cls_ref()
+    if cls is None:  # The singleton is gone; no call can come.
+        return
     target = _slow_call if client is None else _armed(client, name)
     # A plain class attribute store: callers on other threads see the old
     # or the new target, never neither.
@@ -476,7 +487,7 @@ _slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
 
 
 def _arm_polled(
-    cls: type, key: Callable[[], object], record: Record[T]
+    cls_ref: weakref.ReferenceType[type], record: Record[T]
 ) -> None:
     """Arm *cls*'s hit path for a key that is polled on every call.
 
@@ -485,6 +496,10 @@ def _arm_polled(
     :meth:`Record.matches` compares) and the record is live; anything else
     takes the slow path. One Python frame, plus the key's own.
     """
+    cls = cls_ref()
+    if cls is None:  # The singleton is gone; no call can come.
+        return
+    key = cast("Callable[[], object]", cls.__dict__["_poolkeeper_key"])
     client = record.client
     value = record.key.value
     value_hash = record.key_hash

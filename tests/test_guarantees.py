@@ -624,6 +624,24 @@ class TestAsyncMatchesSync:
 
 
 class TestDroppedSingleton:
+    def test_polled_key_reaching_its_singleton_does_not_keep_it(self):
+        """A key whose closure holds the singleton: still collected, closed."""
+
+        class Holder:
+            key = "a"
+            single: object = None
+
+        holder = Holder()
+        single = process_singleton(key=lambda: holder.key)(Factory())
+        holder.single = single
+        client = single()
+        assert client is single()  # Armed: the class holds the key now.
+        ref = weakref.ref(single)
+        del single, holder
+        gc.collect()
+        assert ref() is None
+        assert client.closed
+
     def test_collected_singleton_closes_its_client(self):
         """A singleton garbage collected with a live client closes it."""
         client = process_singleton(Factory())()
