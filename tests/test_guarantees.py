@@ -631,13 +631,15 @@ class TestDroppedSingleton:
             key = "a"
             single: object = None
 
-        holder = Holder()
-        single = process_singleton(key=lambda: holder.key)(Factory())
-        holder.single = single
-        client = single()
-        assert client is single()  # Armed: the class holds the key now.
-        ref = weakref.ref(single)
-        del single, holder
+        def armed_and_dropped() -> tuple[weakref.ref[object], FakeClient]:
+            holder = Holder()
+            single = process_singleton(key=lambda: holder.key)(Factory())
+            holder.single = single
+            client = single()
+            assert client is single()  # Armed: the class holds the key.
+            return weakref.ref(single), client
+
+        ref, client = armed_and_dropped()
         gc.collect()
         assert ref() is None
         assert client.closed
