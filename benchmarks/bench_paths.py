@@ -1,0 +1,217 @@
+"""What the paths beside the plain hit cost: leases, async hits, env writes.
+
+Each row is a ratio to its own baseline, timed in the same round:
+
+1. ``with single.lease():`` (enter and exit) against a ``functools.cache``
+   hit;
+2. ``await single()`` of an async singleton (no key, and ``keys.env``)
+   against awaiting a plain ``async def`` that returns a global;
+3. a write to an environment variable that one ``keys.env`` singleton
+   watches, against the same write through ``os.environ``'s own class
+   (alternating two values, so every write changes the value), and a write
+   of the value already there.
+
+Method: one round times ``number`` runs of every variant, taken
+round-robin with a rotating start; the report gives the median over rounds
+of the per-run time with its interquartile range, and the median over
+rounds of the paired ratio. Run it from the repository root::
+
+    .venv/bin/python benchmarks/bench_paths.py            # about 30 s
+    .venv/bin/python benchmarks/bench_paths.py --quick
+
+It is a report, not a test: it exits 0 whatever the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import statistics
+import timeit
+from typing import TYPE_CHECKING
+
+from poolkeeper import keys, process_singleton
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CLIENT = object()
+NAME = "POOLKEEPER_BENCH_PATHS"
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """Median and interquartile range."""
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q2, q1, q3
+
+
+def measure(
+    variants: dict[str, Callable[[], object]], rounds: int, number: int
+) -> dict[str, list[float]]:
+    """Per-run seconds of each variant, one value per round."""
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            total = timeit.Timer(variants[name]).timeit(number)
+            times[name].append(total / number)
+    return times
+
+
+def report(
+    title: str,
+    times: dict[str, list[float]],
+    baseline: str,
+    unit: float = 1e9,
+) -> None:
+    """Print one table: median, IQR and the paired ratio to *baseline*."""
+    print(f"\n## {title}\n")
+    print("| Variant | median ns | IQR ns | x baseline (paired) |")
+    print("|---|---:|---:|---:|")
+    base = times[baseline]
+    for name, values in times.items():
+        median, q1, q3 = quartiles(values)
+        ratio = statistics.median(
+            v / b for v, b in zip(values, base, strict=True)
+        )
+        print(
+            f"| {name} | {median * unit:.1f} | {q1 * unit:.1f} - "
+            f"{q3 * unit:.1f} | {ratio:.2f} |"
+        )
+
+
+def lease_rows(rounds: int, number: int) -> dict[str, list[float]]:
+    """A lease's enter and exit, against a functools.cache hit."""
+
+    @functools.cache
+    def cached() -> object:
+        return CLIENT
+
+    @process_singleton
+    def single() -> object:
+        return object()
+
+    single()
+
+    def lease() -> None:
+        with single.lease():
+            pass
+
+    return measure(
+        {"functools.cache hit": cached, "with single.lease()": lease},
+        rounds,
+        number,
+    )
+
+
+def async_rows(rounds: int, number: int) -> dict[str, list[float]]:
+    """``await single()`` in a running loop, against a plain coroutine."""
+    os.environ[NAME] = "a"
+
+    async def plain() -> object:
+        return CLIENT
+
+    @process_singleton
+    async def bare() -> object:
+        return object()
+
+    @process_singleton(key=keys.env(NAME))
+    async def keyed() -> object:
+        return object()
+
+    async def loop_of(fn: Callable[[], object]) -> None:
+        for _ in range(number):
+            await fn()  # type: ignore[misc]
+
+    async def main() -> dict[str, list[float]]:
+        await bare()
+        await keyed()
+        names = {
+            "await plain async def": plain,
+            "await single(), no key": bare,
+            "await single(), keys.env": keyed,
+        }
+        times: dict[str, list[float]] = {name: [] for name in names}
+        order = list(names)
+        loop = asyncio.get_running_loop()
+        for r in range(rounds):
+            for i in range(len(order)):
+                name = order[(r + i) % len(order)]
+                start = loop.time()
+                await loop_of(names[name])
+                times[name].append((loop.time() - start) / number)
+        return times
+
+    try:
+        return asyncio.run(main())
+    finally:
+        del os.environ[NAME]
+
+
+def env_rows(rounds: int, number: int) -> dict[str, list[float]]:
+    """A watched environment write, against the plain one."""
+
+    @process_singleton(key=keys.env(NAME))
+    def single() -> object:
+        return object()
+
+    os.environ[NAME] = "a"
+    single()
+    watched = type(os.environ)
+    base = watched.__mro__[1]
+    environ = os.environ
+
+    def plain() -> None:
+        base.__setitem__(environ, NAME, "a")
+        base.__setitem__(environ, NAME, "b")
+
+    def write() -> None:
+        environ[NAME] = "a"
+        environ[NAME] = "b"
+
+    def same() -> None:
+        environ[NAME] = "b"
+        environ[NAME] = "b"
+
+    try:
+        return measure(
+            {
+                "os.environ's own class (no watcher)": plain,
+                "watched, one singleton, new value": write,
+                "watched, one singleton, same value": same,
+            },
+            rounds,
+            number,
+        )
+    finally:
+        del os.environ[NAME]
+
+
+def main() -> None:
+    """Run every table and print it as Markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    rounds, number = (5, 2_000) if args.quick else (15, 20_000)
+    report(
+        "Lease: enter and exit",
+        lease_rows(rounds, number),
+        "functools.cache hit",
+    )
+    report(
+        "Async: one await",
+        async_rows(rounds, number),
+        "await plain async def",
+    )
+    report(
+        "Environment: two writes",
+        env_rows(rounds, number),
+        "os.environ's own class (no watcher)",
+    )
+
+
+if __name__ == "__main__":
+    main()
