@@ -88,7 +88,7 @@ unit-core: venv
 # = fork, _exit and subprocess), must reach $(COVERAGE_MIN) %. The state
 # machines run the dev profile there.
 coverage: venv
-	COVERAGE_MIN=$(COVERAGE_MIN) .ci/coverage --ignore=sdks
+	COVERAGE_MIN=$(COVERAGE_MIN) .ci/coverage
 
 unit-adapter: venv
 	cd adapters/daytona && ../../$(BIN)/pytest

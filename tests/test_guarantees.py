@@ -771,3 +771,23 @@ class TestUnclosedIsVisible:
         assert "UnclosedClientWarning" in result.stderr
         assert "user_code.py:15" in result.stderr
         assert "Could not close" in result.stderr  # The log record too.
+
+
+class TestLeaseOfADroppedSingleton:
+    def test_entering_after_the_singleton_is_gone_says_so(self):
+        """A lease entered after its singleton is gone: ReferenceError."""
+        lease = process_singleton(Factory()).lease()
+        gc.collect()
+        with pytest.raises(ReferenceError, match="garbage collected"):
+            lease.__enter__()
+
+    def test_switches_of_a_collected_singleton_do_nothing(self):
+        """The lifecycle outlives its singleton; arming it then is a no-op."""
+        single = process_singleton(key=lambda: "k")(Factory())
+        single()
+        life = single._self_life
+        live = single._self_slot.live
+        del single
+        gc.collect()
+        life.switch(object())  # No class left to arm: nothing happens.
+        life.arm_polled(live)

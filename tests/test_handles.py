@@ -41,3 +41,54 @@ class TestProxy:
         handle = single.proxy()
         assert 7 == len(handle)
         assert isinstance(single.current(), Sized)
+
+    def test_protocols_resolve_the_live_client_after_rotation(self):
+        """truth, len, iter, in, [], str and call follow a rebuild."""
+
+        class Box:
+            def __init__(self, items: list[str]) -> None:
+                self.items = items
+
+            def __bool__(self) -> bool:
+                return bool(self.items)
+
+            def __len__(self) -> int:
+                return len(self.items)
+
+            def __iter__(self):
+                return iter(self.items)
+
+            def __contains__(self, item: object) -> bool:
+                return item in self.items
+
+            def __getitem__(self, index: int) -> str:
+                return self.items[index]
+
+            def __str__(self) -> str:
+                return "+".join(self.items)
+
+            def __call__(self, suffix: str) -> str:
+                return self.items[0] + suffix
+
+        contents = [["a"]]
+        single = process_singleton(key=lambda: len(contents))(
+            lambda: Box(contents[-1])
+        )
+        handle = single.proxy()
+        assert (True, 1, ["a"], True, "a", "a", "a!") == (
+            bool(handle),
+            len(handle),
+            list(handle),
+            "a" in handle,
+            handle[0],
+            str(handle),
+            handle("!"),
+        )
+        contents.append([])  # The key changes: the next use rebuilds.
+        assert (False, 0, [], False, "") == (
+            bool(handle),
+            len(handle),
+            list(handle),
+            "a" in handle,
+            str(handle),
+        )

@@ -298,6 +298,27 @@ class TestCustomKeys:
         assert new is single()
         assert ["polled", "<lambda>"] == _frames_of(single)
 
+    def test_armed_polled_hit_rejects_arguments_like_the_slow_path(self):
+        """Arguments to an armed polled singleton: the same TypeError."""
+        single = process_singleton(key=lambda: "k")(Factory())
+        with pytest.raises(TypeError, match=r"takes no arguments") as cold:
+            single(1)
+        single()
+        single()  # Armed now.
+        with pytest.raises(TypeError, match=r"takes no arguments") as armed:
+            single(1)
+        assert str(cold.value) == str(armed.value)
+
+    def test_tuple_key_repr_shows_parts_not_values(self, env):
+        """A mixed tuple's repr names its parts, never their values."""
+        single = process_singleton(
+            key=(keys.env("PK_TEST_KEY"), lambda: SECRET)
+        )(Factory())
+        single()
+        shown = repr(single._self_key)
+        assert "PK_TEST_KEY" in shown
+        assert SECRET not in shown
+
     def test_override_wins_over_an_armed_polled_hit(self):
         """An override pushed while the polled hit is armed is served."""
         single = process_singleton(key=lambda: "k")(Factory())
