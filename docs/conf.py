@@ -65,6 +65,8 @@ nitpick_ignore = [
     ("py:class", "contextlib.AbstractAsyncContextManager"),
     ("py:class", "os.PathLike"),
     ("py:class", "socket.socket"),
+    ("py:class", "AbstractContextManager"),
+    ("py:class", "contextlib.AbstractContextManager"),
     ("py:func", "os.dup2"),
     # The Daytona SDK's classes, documented by Daytona, not here.
     ("py:class", "daytona.Daytona"),
