@@ -19,9 +19,7 @@ driver's ``finally`` can run them again.
 
 from __future__ import annotations
 
-import enum
 import functools
-import itertools
 import os
 import threading
 from typing import (
@@ -32,9 +30,17 @@ from typing import (
     Generic,
     ParamSpec,
     TypeVar,
-    final,
 )
 
+from poolkeeper._records import (
+    Build,
+    ClientState,
+    Record,
+    Serve,
+    Slot,
+    Ticket,
+    Wait,
+)
 from poolkeeper._stats import Statistics
 
 if TYPE_CHECKING:
@@ -45,166 +51,20 @@ L = TypeVar("L", bound="Lifecycle[Any]")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Orders builds across every singleton, so shutdown closes in reverse.
-_sequence = itertools.count(1)
+__all__ = [
+    "MAX_ROUNDS",
+    "Build",
+    "ClientState",
+    "Lifecycle",
+    "Record",
+    "Serve",
+    "Slot",
+    "Ticket",
+    "Wait",
+]
 
 #: How many builds for other keys a call waits out before giving up.
 MAX_ROUNDS: Final = 100
-
-
-class ClientState(enum.Enum):
-    """Where a built client is in its life; written only by this module."""
-
-    LIVE = "live"  # Served to callers.
-    RETIRED = "retired"  # Displaced; its close waits for its leases.
-    CLOSED = "closed"  # Done with: closed once, or shared with a live one.
-    ABANDONED = "abandoned"  # Inherited by a forked child; never closed.
-
-
-@final
-class Sealed:
-    """Holds a key's raw value for comparison; never shows it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "<sealed key>"
-
-
-@final
-class Record(Generic[T]):
-    """A built client and what the lifecycle knows about it."""
-
-    __slots__ = (
-        "client",
-        "fingerprint",
-        "generation",
-        "key",
-        "key_hash",
-        "leases",
-        "sequence",
-        "slot",
-        "state",
-    )
-
-    def __init__(self, client: T, ticket: Ticket, generation: int) -> None:
-        self.client = client
-        self.key_hash = ticket.key_hash
-        self.key = ticket.key
-        self.slot = ticket.slot
-        self.generation = generation
-        self.sequence = next(_sequence)
-        self.leases = 0
-        self.state = ClientState.LIVE
-        # Computed by the driver before the build (repr() of the key).
-        self.fingerprint: str | None = None
-
-    def matches(self, key_hash: int, key: object) -> bool:
-        """Whether this record was built for *key* (by value, not hash)."""
-        if self.key_hash != key_hash:
-            return False
-        mine = self.key.value
-        return mine is key or bool(mine == key)
-
-
-@final
-class Ticket:
-    """A build in progress, which other callers of its slot wait for."""
-
-    __slots__ = (
-        "done",
-        "error",
-        "finished",
-        "key",
-        "key_hash",
-        "name",
-        "owner",
-        "record",
-        "slot",
-    )
-
-    def __init__(  # noqa: PLR0913, PLR0917 -- one field each.
-        self,
-        slot: Slot,
-        key_hash: int,
-        key: object,
-        owner: object,
-        done: Any,  # noqa: ANN401 -- the driver's event or future.
-        name: str,
-    ) -> None:
-        self.slot = slot
-        self.key_hash = key_hash
-        self.key = Sealed(key)
-        self.owner = owner
-        self.done = done
-        self.name = name
-        self.record: Record[Any] | None = None
-        self.error: BaseException | None = None
-        self.finished = False
-
-    def matches(self, key_hash: int, key: object) -> bool:
-        """Whether this build is for *key*."""
-        mine = self.key.value
-        return self.key_hash == key_hash and (mine is key or bool(mine == key))
-
-
-@final
-class Slot:
-    """One place a client lives: the process (sync) or one event loop."""
-
-    __slots__ = (
-        "build",
-        "built_at",
-        "dropped",
-        "hook",
-        "key",
-        "live",
-        "loop",
-        "retired",
-    )
-
-    def __init__(self, key: object = None, loop: Any = None) -> None:  # noqa: ANN401
-        # The key in Lifecycle.slots, and a weak reference to the event
-        # loop for async slots (None for the process's slot).
-        self.key = key
-        self.loop = loop
-        self.live: Record[Any] | None = None
-        self.build: Ticket | None = None
-        self.retired: tuple[Record[Any], ...] = ()
-        self.built_at = float("-inf")
-        # The async driver's loop-end hook, and whether it was let go.
-        self.hook: object = None
-        self.dropped = False
-
-
-class Serve:
-    """Decision: return this record's client."""
-
-    __slots__ = ("record",)
-
-    def __init__(self, record: Record[Any]) -> None:
-        self.record = record
-
-
-class Wait:
-    """Decision: wait for this build, then ask again."""
-
-    __slots__ = ("ticket",)
-
-    def __init__(self, ticket: Ticket) -> None:
-        self.ticket = ticket
-
-
-class Build:
-    """Decision: call the factory now, then report to ``built``/``failed``."""
-
-    __slots__ = ("ticket",)
-
-    def __init__(self, ticket: Ticket) -> None:
-        self.ticket = ticket
 
 
 class _Sink:
