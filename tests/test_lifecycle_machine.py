@@ -7,6 +7,9 @@ new or already-held objects), failures, leases, resets, environment
 changes, overrides, shutdown, loop ends and fork, over one slot (the sync
 rules) or several (the async rules, one slot per loop).
 
+The same rules and invariants also run as byte programs (see
+``_run_program``), about ten times as many steps a second.
+
 ``POOLKEEPER_MACHINE_EXAMPLES`` sets the number of examples of every
 machine here (CI keeps it small); ``HYPOTHESIS_PROFILE=soak`` does too.
 """
@@ -17,9 +20,10 @@ import asyncio
 import contextlib
 import os
 import time
+from typing import TYPE_CHECKING
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -40,6 +44,9 @@ from poolkeeper._lifecycle import (
     Ticket,
     Wait,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # Keys compare by value: -1 and -2 share a hash() in CPython.
 KEYS = ("a", "b", -1, -2)
@@ -414,6 +421,97 @@ def _run(machine: type, examples: int, steps: int) -> None:
     )
 
 
+# -- the same rules as byte programs ------------------------------------------
+#
+# RuleBasedStateMachine spends most of its time choosing rules. These runs
+# hand the machine's own rules and invariants a program instead: a byte
+# string, three bytes a step (which rule, two arguments), with every
+# invariant checked after each step. Hypothesis draws one string per
+# example and shrinks it like any other, so the same transitions run at
+# thousands of examples a second.
+
+_OPS: tuple[tuple[Callable[[LifecycleRules], bool], Callable[..., None]], ...]
+_OPS = (
+    (
+        lambda m: not m.sync and len(m.slots) < 3,
+        lambda m, a, b: m.open_loop_slot(),
+    ),
+    (
+        lambda m: not m.sync and bool(m.slots),
+        lambda m, a, b: m.loop_id_reused(a),
+    ),
+    (lambda m: not m.sync and bool(m.slots), lambda m, a, b: m.loop_ends(a)),
+    (lambda m: bool(m.slots), lambda m, a, b: m.request(a, b % 4)),
+    (lambda m: bool(m.slots), lambda m, a, b: m.request(a, 0)),
+    (
+        lambda m: bool(m.pending),
+        lambda m, a, b: m.build(a, bool(b & 1), b >> 1),
+    ),
+    (lambda m: bool(m.pending), lambda m, a, b: m.fail(a, bool(b & 1))),
+    (lambda m: bool(m.slots), lambda m, a, b: m.lease(a)),
+    (lambda m: bool(m.leased), lambda m, a, b: m.unlease(a)),
+    (lambda m: bool(m.slots), lambda m, a, b: m.reset(a)),
+    (lambda m: True, lambda m, a, b: m.rotate(KEYS[a % len(KEYS)])),
+    (lambda m: True, lambda m, a, b: m.push_override()),
+    (lambda m: bool(m.life.overrides), lambda m, a, b: m.pop_override(a)),
+    (lambda m: True, lambda m, a, b: m.detach()),
+    (lambda m: True, lambda m, a, b: m.fork(bool(a & 1))),
+)
+
+
+def _run_program(machine: type[LifecycleRules], program: bytes) -> int:
+    """Run *program* through a fresh *machine*; return the steps it ran.
+
+    Every invariant is checked after each step.
+    """
+    m = machine()
+    checks = (
+        m.each_client_closed_at_most_once,
+        m.live_and_leased_clients_are_open,
+        m.armed_only_with_what_a_call_would_get,
+        m.counters_add_up,
+    )
+    ran = 0
+    for at in range(0, len(program) - 2, 3):
+        op, a, b = program[at : at + 3]
+        # The first enabled rule from the chosen one on (rotate always is).
+        for enabled, step in _OPS[op % len(_OPS) :] + _OPS:
+            if enabled(m):
+                step(m, a, b)
+                break
+        ran += 1
+        for check in checks:
+            check()
+    m.teardown()
+    return ran
+
+
+def _run_programs(machine: type[LifecycleRules], examples: int) -> None:
+    """Run *examples* programs of 10 to 40 steps; print the speed."""
+    counted = {"examples": 0, "steps": 0}
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        database=None,
+    )
+    @given(st.binary(min_size=30, max_size=120))
+    def programs(program: bytes) -> None:
+        counted["examples"] += 1
+        counted["steps"] += _run_program(machine, program)
+
+    start = time.perf_counter()
+    programs()
+    elapsed = time.perf_counter() - start
+    print(
+        f"{machine.__name__} programs: {counted['examples']} examples, "
+        f"{counted['steps']} steps in {elapsed:.2f}s "
+        f"({counted['examples'] / elapsed:.0f} examples/s, "
+        f"{counted['steps'] / elapsed:.0f} steps/s)"
+    )
+
+
 class TestLifecycleMachines:
     """The I/O-free lifecycle, under every interleaving Hypothesis finds."""
 
@@ -425,6 +523,13 @@ class TestLifecycleMachines:
     def test_rules_hold(self, machine, default):
         """No sequence of transitions breaks the lifecycle's invariants."""
         _run(machine, _examples(default), 50)
+
+    @pytest.mark.parametrize(
+        "machine", [SyncRules, LifecycleRules], ids=["sync", "async"]
+    )
+    def test_rules_hold_for_programs(self, machine):
+        """The same rules and invariants, fed thousands of byte programs."""
+        _run_programs(machine, _examples(100) * 20)
 
 
 class TestRegressions:
