@@ -21,10 +21,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from poolkeeper._check_ast import (
+from poolkeeper._check_ast import analyze_module
+from poolkeeper._check_findings import (
     Finding,
     ModuleReport,
-    analyze_module,
     client_table,
     imported_call_finding,
 )
