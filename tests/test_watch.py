@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import poolkeeper
-from poolkeeper import PoolLeakWarning, _watch
+from poolkeeper import PoolLeakWarning, _watch, _watch_patch
 from poolkeeper._clients import WATCHED_CLASSES
 
 _SDK_SOURCE = textwrap.dedent(
@@ -362,7 +362,7 @@ class TestNeverBreaksTheProgram:
 
         poolkeeper.watch(f"{sdk}:Client", limit=1)
         module = importlib.import_module(sdk)
-        monkeypatch.setattr(_watch, "_call_site", broken)
+        monkeypatch.setattr(_watch_patch, "_call_site", broken)
         with caplog.at_level(logging.WARNING, logger="poolkeeper"):
             kept = build(module.Client, 3)
         assert [0, 1, 2] == [client.number for client in kept]
@@ -491,7 +491,7 @@ class TestLimitEdges:
     def test_module_without_a_package_skips_its_own_file(self, sdk):
         """A one-file module's own frames are skipped, like a package's."""
         module = importlib.import_module(sdk)
-        assert (module.__file__,) == _watch._package_paths(module.Client)
+        assert (module.__file__,) == _watch_patch._package_paths(module.Client)
 
     def test_package_skips_its_whole_folder(self):
         """A package's own frames are skipped wherever in it they are."""
@@ -499,7 +499,9 @@ class TestLimitEdges:
         import json.decoder
 
         folder = str(Path(json.__file__).parent) + os.sep
-        assert (folder,) == _watch._package_paths(json.decoder.JSONDecoder)
+        assert (folder,) == _watch_patch._package_paths(
+            json.decoder.JSONDecoder
+        )
 
     def test_bad_limit_in_the_environment_falls_back_to_the_default(self):
         """POOLKEEPER_WATCH_LIMIT that is no number: a warning, then watch."""

@@ -1,0 +1,68 @@
+"""The census of one watched class: its live instances, where each was built.
+
+Instances are held through weak references, so counting never keeps one
+alive. :data:`lock` guards every census; a forked child gets a new one.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["Census", "Ref", "lock"]
+
+# Guards every census. Weakref callbacks never take it (see Census), so a
+# plain lock cannot deadlock when garbage collection runs while it is held.
+lock = threading.Lock()
+
+
+class Ref(weakref.ref[Any]):
+    __slots__ = ("ident", "site")
+    ident: int
+    site: tuple[str, int]
+
+
+class Census:
+    """The live instances of one concrete class, and where they were built.
+
+    A weakref callback may run in any thread between any two bytecodes,
+    including while :data:`lock` is held. So it only appends to a deque
+    (atomic), and whoever next holds the lock takes the dead out.
+    """
+
+    __slots__ = ("dead", "live", "name", "sites", "warned_at")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.live: dict[int, Ref] = {}
+        self.sites: dict[tuple[str, int], int] = {}
+        self.dead: collections.deque[Ref] = collections.deque()
+        self.warned_at = 0
+
+    def drain(self) -> None:
+        while self.dead:
+            ref = self.dead.popleft()
+            # An id is reused only after its object died, so an entry that
+            # is not this very ref belongs to a newer object.
+            if self.live.get(ref.ident) is ref:
+                del self.live[ref.ident]
+                left = self.sites[ref.site] - 1
+                if left:
+                    self.sites[ref.site] = left
+                else:
+                    del self.sites[ref.site]
+
+
+def _after_fork_in_child() -> None:
+    # The parent's lock may have been held by a thread that does not exist
+    # here; the counts stay right, since the child has copies of the live
+    # instances.
+    global lock  # noqa: PLW0603
+    lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
+    os.register_at_fork(after_in_child=_after_fork_in_child)
