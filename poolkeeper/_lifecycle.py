@@ -238,7 +238,7 @@ def _nothing(_client: object) -> None:
 class Lifecycle(Generic[T]):
     """The state of one singleton: its slots, counters and overrides."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 -- one hook each.
         self,
         name: str,
         *,
@@ -246,6 +246,7 @@ class Lifecycle(Generic[T]):
         min_interval: float,
         switch: Callable[[object], None] | None = None,
         arm_polled: Callable[[Record[T]], None] | None = None,
+        arm_slot: Callable[[Record[T]], None] | None = None,
     ) -> None:
         self.name = name
         self.lock = threading.RLock()
@@ -258,6 +259,9 @@ class Lifecycle(Generic[T]):
         # Arms the hit path of a polled key with a record: it serves that
         # record's client while the key still returns what it was built for.
         self.arm_polled = arm_polled
+        # The async driver's: arms the hit path of one slot (one event
+        # loop) with its live record, for a pushed key; switch disarms it.
+        self.arm_slot = arm_slot
         self.armed: object = None
         self.slots: dict[object, Slot] = {}
         self.overrides: tuple[tuple[object, object], ...] = ()
@@ -271,13 +275,20 @@ class Lifecycle(Generic[T]):
     # set before arming and cleared after disarming, so an exception
     # between the two steps can only cost a redundant switch later, never
     # leave the hit path armed with armed saying otherwise.
+    # *record* is the live record a call is served, None for an override.
     def _arm(self, client: object, record: Record[T] | None = None) -> None:
-        if self.armed is not client:
-            self.armed = client
-            if record is None:
-                self.switch(client)
-            elif self.arm_polled is not None:
-                self.arm_polled(record)
+        if self.armed is client:
+            return
+        if record is not None and self.arm_slot is not None:
+            if self.pushed:
+                self.armed = client
+                self.arm_slot(record)
+            return
+        self.armed = client
+        if record is None or self.pushed:
+            self.switch(client)
+        elif self.arm_polled is not None:
+            self.arm_polled(record)
 
     def _disarm(self) -> None:
         if self.armed is not None:
@@ -320,6 +331,7 @@ class Lifecycle(Generic[T]):
 
         For a loop that ends: its clients are closed even if leased.
         """
+        self._disarm()
         out = [r for r in (slot.live, *slot.retired) if r is not None]
         rest = [r for r in self._holders() if r not in out]
         # One close per object: the slot may hold an object twice (a
@@ -355,7 +367,7 @@ class Lifecycle(Generic[T]):
             # Arm only if no watched variable changed since the key was
             # read: invalidate() bumps the epoch under this lock.
             if epoch == self.epoch and not self.overrides:
-                self._arm(live.client, None if self.pushed else live)
+                self._arm(live.client, live)
             return Serve(live)
         if slot.build is not None:
             return Wait(slot.build)
