@@ -136,23 +136,21 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         overrides = life.overrides
         if overrides:
             return cast("T", overrides[-1][1])
-        # While another running loop holds the armed hit path, a pushed
+        # While another running loop keeps the armed hit path, a pushed
         # key's record that matched the key read at an epoch that still
         # stands, and is still live on this loop, is the answer: no key
-        # read, no lock. Otherwise _acquire arms this loop.
-        # Held by slot and build sequence: a record (its client) is never
-        # kept alive from here once its slot lets go of it.
+        # read, no lock. Otherwise _acquire arms this loop. Held by slot
+        # and build sequence: a record (its client) is never kept alive
+        # from here once its slot lets go of it.
         epoch, slot, sequence = self._self_seen
-        if (
-            slot is not None
-            and epoch == life.epoch
-            and _loop_hit.is_armed(type(self))
-        ):
+        if slot is not None and epoch == life.epoch:
+            loop = asyncio.get_running_loop()
             live = slot.live
             if (
                 live is not None
                 and live.sequence == sequence
-                and slot.loop() is asyncio.get_running_loop()
+                and slot.loop() is loop
+                and _loop_hit.kept(type(self), loop)
             ):
                 return cast("T", live.client)
         return (await self._acquire()).client

@@ -246,7 +246,7 @@ class Lifecycle(Generic[T]):
         min_interval: float,
         switch: Callable[[object], None] | None = None,
         arm_polled: Callable[[Record[T]], None] | None = None,
-        arm_slot: Callable[[Record[T]], None] | None = None,
+        arm_slot: Callable[[Record[T]], bool] | None = None,
     ) -> None:
         self.name = name
         self.lock = threading.RLock()
@@ -260,7 +260,8 @@ class Lifecycle(Generic[T]):
         # record's client while the key still returns what it was built for.
         self.arm_polled = arm_polled
         # The async driver's: arms the hit path of one slot (one event
-        # loop) with its live record, for a pushed key; switch disarms it.
+        # loop) with its live record, for a pushed key, and says whether
+        # it did; switch disarms it.
         self.arm_slot = arm_slot
         self.armed: object = None
         self.slots: dict[object, Slot] = {}
@@ -280,9 +281,11 @@ class Lifecycle(Generic[T]):
         if self.armed is client:
             return
         if record is not None and self.arm_slot is not None:
+            # Another loop may keep the arming: then armed stays as it was.
             if self.pushed:
-                self.armed = client
-                self.arm_slot(record)
+                before, self.armed = self.armed, client
+                if not self.arm_slot(record):
+                    self.armed = before
             return
         self.armed = client
         if record is None or self.pushed:

@@ -53,18 +53,21 @@ def arm(
     single_ref: weakref.ReferenceType[Any],
     name: str,
     record: Record[Any],
-) -> None:
+) -> bool:
     """Arm *cls*'s hit path with *record*'s client, for *record*'s loop.
 
     Another loop that is armed and still running keeps the arming. The
     loop is held strongly while armed: its end (``_loop_end``), like any
     other disarm, lets go of it. The singleton is held weakly.
+
+    Returns:
+        Whether it armed.
     """
     cls = cls_ref()
     loop_ref = record.slot.loop
     loop = None if loop_ref is None else loop_ref()
-    if cls is None or loop is None or _kept(cls, loop):
-        return
+    if cls is None or loop is None or kept(cls, loop):
+        return False
     disarm(cls_ref, None)
     on = [True]
     hit = _hit(loop, record.client, on, single_ref, name)
@@ -80,9 +83,10 @@ def arm(
     type.__setattr__(cls, _ON, on)
     type.__setattr__(cls, _LOOP, loop)
     type.__setattr__(cls, "__call__", staticmethod(armed_call))
+    return True
 
 
-def _kept(cls: type, loop: object) -> bool:
+def kept(cls: type, loop: object) -> bool:
     """Whether another loop, armed and running, keeps *cls*'s arming."""
     other: Any = cls.__dict__.get(_LOOP)
     return other is not None and other is not loop and other.is_running()
@@ -123,11 +127,6 @@ def _hit(
             return await miss()
 
     return hit
-
-
-def is_armed(cls: type) -> bool:
-    """Whether *cls*'s hit path is armed (for whichever loop)."""
-    return _LOOP in cls.__dict__
 
 
 def disarm(cls_ref: weakref.ReferenceType[type], _client: object) -> None:

@@ -24,6 +24,11 @@ def is_armed(single) -> bool:
     return "__call__" in type(single).__dict__
 
 
+def armed_loop(single) -> object:
+    """The loop *single*'s hit path is armed for, or None."""
+    return type(single).__dict__.get("_poolkeeper_loop")
+
+
 def stop(*threads: LoopThread) -> None:
     """Shut each loop down the way asyncio.run() does, then stop it."""
     for thread in threads:
@@ -58,8 +63,12 @@ class TestPerLoop:
         try:
             a = one.run(single())
             b = two.run(single())
+            holder = armed_loop(single)
             seen = [(one.run(single()), two.run(single())) for _ in range(50)]
-            assert is_armed(single)
+            # The loop armed last keeps the arming while it runs: the
+            # other's calls do not take it back and forth.
+            assert holder is armed_loop(single)
+            assert holder in (one.loop, two.loop)
         finally:
             stop(one, two)
         assert a is not b
@@ -114,8 +123,11 @@ class TestPerLoop:
         try:
             a = first.run_until_complete(single())
             assert a is first.run_until_complete(single())
+            assert first is armed_loop(single)
             b = second.run_until_complete(single())
             assert b is second.run_until_complete(single())
+            # A stopped loop does not keep the arming.
+            assert second is armed_loop(single)
             assert a is first.run_until_complete(single())
         finally:
             for loop in (first, second):

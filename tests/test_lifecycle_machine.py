@@ -87,7 +87,7 @@ class LifecycleRules(RuleBasedStateMachine):
             pushed=self.sync or self.loop_hit,
             min_interval=0.0,
             switch=self.armed.append,
-            arm_slot=self.armed.append if self.loop_hit else None,
+            arm_slot=self._arm_slot if self.loop_hit else None,
         )
         self.slots: list[Slot] = []
         self.loops = 0
@@ -108,6 +108,10 @@ class LifecycleRules(RuleBasedStateMachine):
         self.tokens = 0
 
     # -- helpers ------------------------------------------------------------
+
+    def _arm_slot(self, record: Record[Client]) -> bool:
+        self.armed.append(record)
+        return True
 
     def _close(self, doomed: list[Record[Client]]) -> None:
         for record in doomed:
