@@ -337,3 +337,74 @@ class TestCallShape:
             return ref() is None
 
         assert asyncio.run(main())
+
+
+class TestRunningLoopVariant:
+    @pytest.fixture(autouse=True)
+    def _ask_asyncio(self, monkeypatch):
+        """Arm with the variant 3.12+ uses: asyncio names the running loop."""
+        monkeypatch.setattr("poolkeeper._loop_hit._BY_THREAD", False)
+
+    def test_serves_only_its_own_loop(self, single):
+        """Two running loops and a cross-loop await: each loop's own client."""
+        other = LoopThread()
+        try:
+            theirs = other.run(single())
+            assert theirs is other.run(single())
+
+            async def main():
+                mine = await single()
+                assert mine is await single()
+                assert is_armed(single)
+                coro = single()
+                future = asyncio.run_coroutine_threadsafe(coro, other.loop)
+                return mine, await asyncio.wrap_future(future)
+
+            mine, got = asyncio.run(main())
+        finally:
+            stop(other)
+        assert got is theirs
+        assert mine is not theirs
+
+    def test_environment_write_outdates_a_pending_call(self, env):
+        """A coroutine made before the write and awaited after misses."""
+
+        @process_singleton(key=keys.env(env))
+        async def single():
+            return FakeClient(os.environ[env])
+
+        async def main():
+            await single()
+            await single()
+            assert is_armed(single)
+            pending = single()
+            os.environ[env] = "b"
+            return await pending
+
+        assert "b" == asyncio.run(main()).label
+
+
+class TestDroppedBeforeTheAwait:
+    def test_await_after_the_singleton_was_collected_raises(self, env):
+        """Made while armed, awaited after collection: ReferenceError."""
+
+        def armed_coroutine(loop):
+            @process_singleton(key=keys.env(env))
+            async def single():
+                return object()
+
+            loop.run_until_complete(single())
+            loop.run_until_complete(single())
+            assert is_armed(single)
+            return single(), weakref.ref(single)
+
+        loop = asyncio.new_event_loop()
+        try:
+            coro, ref = armed_coroutine(loop)
+            gc.collect()
+            assert ref() is None
+            with pytest.raises(ReferenceError, match="garbage collected"):
+                loop.run_until_complete(coro)
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
