@@ -3,14 +3,9 @@
 One client per process *and* event loop: async clients bind to the loop
 they were built on, so each loop has a slot of its own in the lifecycle,
 and a retired client is closed on its own loop, never on another one.
-
-When a loop ends the way ``asyncio.run()`` and ``asyncio.Runner`` end it,
-its clients are closed on it before it closes: each slot registers an
-async generator with its loop, and the loop's ``shutdown_asyncgens()``
-closes that generator, whose ``finally`` closes the slot. A loop closed
-without that shutdown cannot run anything any more: its clients are
-dropped with an :class:`~poolkeeper.UnclosedClientWarning`, and the slot
-lets go of the loop.
+When a loop ends, its slot closes with it (``_loop_end``). The hit path of
+a pushed key is armed for one loop at a time (``_loop_hit``); this class's
+``__call__`` is the slow path.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
-from poolkeeper import _registry, keys
+from poolkeeper import _loop_end, _loop_hit, _registry, keys
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._identity import (
     Identity,
@@ -70,8 +65,9 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     _self_key: Callable[[], object] | None
     _self_life: Lifecycle[T]
     _self_closer: Closer
-    # (epoch, record): *record* matched the key read at *epoch*.
-    _self_seen: tuple[int, Record[T] | None]
+    # (epoch, slot, sequence): the slot's record built *sequence*-th
+    # matched the key read at *epoch* (see _get).
+    _self_seen: tuple[int, Slot | None, int]
 
     def __init__(  # noqa: PLR0913 -- mirrors the keyword-only options.
         self,
@@ -88,21 +84,31 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         name = getattr(factory, "__qualname__", repr(factory))
         self._self_name = name
         self._self_key = key
+        # Held weakly, as the sync driver does: the lifecycle outlives a
+        # dropped singleton (the registry holds it).
+        cls: weakref.ReferenceType[type] = weakref.ref(type(self))
         life: Lifecycle[T] = Lifecycle(
-            name, pushed=False, min_interval=min_rebuild_interval
+            name,
+            pushed=key is None,
+            min_interval=min_rebuild_interval,
+            switch=functools.partial(_loop_hit.disarm, cls),
+            arm_slot=functools.partial(
+                _loop_hit.arm, cls, weakref.ref(self), name
+            ),
         )
         self._self_life = life
-        self._self_seen = (-1, None)
+        self._self_seen = (-1, None, 0)
         self._self_closer = Closer(life, close, is_async=True)
         entry = _registry.Entry(
             life,
             self._self_closer,
             after_fork,
             keep=fork == "keep",
-            prune=functools.partial(_prune, life),
+            prune=functools.partial(_loop_end.prune, life),
         )
         _registry.register(self, entry)
-        # Changes of keys.env and keys.file keys are pushed: see _get.
+        # Changes of keys.env and keys.file keys are pushed, not polled:
+        # the lifecycle arms the running loop's hit path until one changes.
         if key is not None and keys.watch(key, life):
             life.pushed = True
 
@@ -130,16 +136,23 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         overrides = life.overrides
         if overrides:
             return cast("T", overrides[-1][1])
-        # A pushed key (keys.env, keys.file) bumps the epoch when it
-        # changes: while the epoch stands, a record that matched the key
-        # read at that epoch and is still live on this loop is the answer,
-        # and the key need not be read again.
-        epoch, seen = self._self_seen
-        if seen is not None and epoch == life.epoch:
-            slot, client = seen.slot, seen.client
+        # While another running loop keeps the armed hit path, a pushed
+        # key's record that matched the key read at an epoch that still
+        # stands, and is still live on this loop, is the answer: no key
+        # read, no lock. Otherwise _acquire arms this loop. Held by slot
+        # and build sequence: a record (its client) is never kept alive
+        # from here once its slot lets go of it.
+        epoch, slot, sequence = self._self_seen
+        if slot is not None and epoch == life.epoch:
+            loop = asyncio.get_running_loop()
             live = slot.live
-            if live is seen and slot.loop() is asyncio.get_running_loop():
-                return client
+            if (
+                live is not None
+                and live.sequence == sequence
+                and slot.loop() is loop
+                and _loop_hit.kept(type(self), loop)
+            ):
+                return cast("T", live.client)
         return (await self._acquire()).client
 
     # -- slots --------------------------------------------------------------
@@ -153,13 +166,13 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         slot, stale = life.open_slot(id(loop), weakref.ref(loop))
         lost: list[Record[T]] = []
         if stale is not None:
-            _drop(life, stale, lost)
-        _prune(life, lost)
+            _loop_end.drop(life, stale, lost)
+        _loop_end.prune(life, lost)
         for record in lost:
             self._self_closer.unclosed(
                 record, "its event loop was closed first", _LOOP_HINT
             )
-        _hook(life, self._self_closer, slot)
+        _loop_end.hook(life, self._self_closer, slot)
         return slot
 
     # -- calls --------------------------------------------------------------
@@ -173,7 +186,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         epoch = life.epoch
         for _ in range(MAX_ROUNDS):
             if built is None:
-                # Read before the key: see _get.
+                # Read before the key: a change between the two keeps the
+                # hit path disarmed (see Lifecycle.request).
                 epoch = life.epoch
                 key_hash, key = evaluate_key(self._self_key, self._self_name)
             else:
@@ -181,10 +195,13 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 key_hash, key, built = built.key_hash, built.key.value, None
             live = slot.live
             # No lock: this slot's clients are only ever closed on this
-            # loop, so none can start closing while this code runs.
-            if live is not None and live.matches(key_hash, key):
-                if life.pushed:
-                    self._self_seen = (epoch, live)
+            # loop, so none can start closing while this code runs. A
+            # pushed key's match goes to request(), which arms the hit path.
+            if (
+                live is not None
+                and not life.pushed
+                and live.matches(key_hash, key)
+            ):
                 return live
             if slot.dropped:
                 slot = self._slot()
@@ -192,12 +209,11 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             owner = asyncio.current_task()
             loop = asyncio.get_running_loop()
             step = life.request(
-                slot, key_hash, key, life.epoch, owner, loop.create_future
+                slot, key_hash, key, epoch, owner, loop.create_future
             )
-            # Not reached: the unlocked check above served any match, and
-            # nothing between it and request() can make this loop's slot
-            # match (other threads only retire its client).
-            if isinstance(step, Serve):  # pragma: no cover
+            if isinstance(step, Serve):
+                record = step.record
+                self._self_seen = (epoch, record.slot, record.sequence)
                 return step.record
             if isinstance(step, Build):
                 await self._build(step.ticket, loop)
@@ -359,58 +375,3 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
             f"({len(life.slots)} loops, pid {life.pid})>"
         )
-
-
-def _hook(life: Lifecycle[Any], closer: Closer, slot: Slot) -> None:
-    """Register *slot*'s loop-end generator with the running loop.
-
-    The loop's firstiter hook adds it to the generators its
-    ``shutdown_asyncgens()`` closes. No finalizer is installed for it: a
-    finalizer would hold the loop, and a dropped slot finishes its
-    generator itself.
-    """
-    agen = _until_loop_ends(life, closer, slot)
-    hooks = sys.get_asyncgen_hooks()
-    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=None)
-    try:
-        agen.asend(None).send(None)
-    except StopIteration:
-        slot.hook = agen
-    finally:
-        sys.set_asyncgen_hooks(*hooks)
-
-
-async def _until_loop_ends(
-    life: Lifecycle[Any], closer: Closer, slot: Slot
-) -> AsyncGenerator[None, None]:
-    try:
-        yield
-    finally:
-        # The loop is shutting down its async generators: close the slot's
-        # clients on it while it still runs. A slot dropped meanwhile has
-        # nothing left to close here.
-        if not slot.dropped:
-            doomed: list[Record[Any]] = []
-            life.close_slot(slot, doomed)
-            slot.hook = None
-            for record in sorted(doomed, key=lambda r: -r.sequence):
-                await closer.aclose(record)
-
-
-def _drop(life: Lifecycle[Any], slot: Slot, lost: list[Record[Any]]) -> None:
-    """Forget the slot of a loop that ended without closing it."""
-    doomed: list[Record[Any]] = []
-    life.close_slot(slot, doomed)
-    lost.extend(doomed)
-    agen, slot.hook = slot.hook, None
-    if agen is not None:
-        with contextlib.suppress(StopIteration, RuntimeError):
-            cast("Any", agen).aclose().send(None)
-
-
-def _prune(life: Lifecycle[Any], lost: list[Record[Any]]) -> None:
-    """Drop the slots of loops that were closed (or collected)."""
-    for slot in list(life.slots.values()):
-        loop = None if slot.loop is None else slot.loop()
-        if slot.loop is not None and (loop is None or loop.is_closed()):
-            _drop(life, slot, lost)

@@ -195,7 +195,13 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         factory: Callable[[], Any],
     ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
         if _check_factory(factory):
-            return AsyncProcessSingleton(
+            # A class of its own: its __call__ is the armed hit path.
+            own: type[AsyncProcessSingleton[Any]] = type(
+                AsyncProcessSingleton.__name__,
+                (AsyncProcessSingleton,),
+                {"__module__": AsyncProcessSingleton.__module__},
+            )
+            return own(
                 factory,
                 key=combined_key,
                 close=close,

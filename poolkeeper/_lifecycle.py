@@ -98,7 +98,7 @@ def _nothing(_client: object) -> None:
 class Lifecycle(Generic[T]):
     """The state of one singleton: its slots, counters and overrides."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 -- one hook each.
         self,
         name: str,
         *,
@@ -106,6 +106,7 @@ class Lifecycle(Generic[T]):
         min_interval: float,
         switch: Callable[[object], None] | None = None,
         arm_polled: Callable[[Record[T]], None] | None = None,
+        arm_slot: Callable[[Record[T]], bool] | None = None,
     ) -> None:
         self.name = name
         self.lock = threading.RLock()
@@ -118,6 +119,10 @@ class Lifecycle(Generic[T]):
         # Arms the hit path of a polled key with a record: it serves that
         # record's client while the key still returns what it was built for.
         self.arm_polled = arm_polled
+        # The async driver's: arms the hit path of one slot (one event
+        # loop) with its live record, for a pushed key, and says whether
+        # it did; switch disarms it.
+        self.arm_slot = arm_slot
         self.armed: object = None
         self.slots: dict[object, Slot] = {}
         self.overrides: tuple[tuple[object, object], ...] = ()
@@ -131,13 +136,22 @@ class Lifecycle(Generic[T]):
     # set before arming and cleared after disarming, so an exception
     # between the two steps can only cost a redundant switch later, never
     # leave the hit path armed with armed saying otherwise.
+    # *record* is the live record a call is served, None for an override.
     def _arm(self, client: object, record: Record[T] | None = None) -> None:
-        if self.armed is not client:
-            self.armed = client
-            if record is None:
-                self.switch(client)
-            elif self.arm_polled is not None:
-                self.arm_polled(record)
+        if self.armed is client:
+            return
+        if record is not None and self.arm_slot is not None:
+            # Another loop may keep the arming: then armed stays as it was.
+            if self.pushed:
+                before, self.armed = self.armed, client
+                if not self.arm_slot(record):
+                    self.armed = before
+            return
+        self.armed = client
+        if record is None or self.pushed:
+            self.switch(client)
+        elif self.arm_polled is not None:
+            self.arm_polled(record)
 
     def _disarm(self) -> None:
         if self.armed is not None:
@@ -180,6 +194,7 @@ class Lifecycle(Generic[T]):
 
         For a loop that ends: its clients are closed even if leased.
         """
+        self._disarm()
         out = [r for r in (slot.live, *slot.retired) if r is not None]
         rest = [r for r in self._holders() if r not in out]
         # One close per object: the slot may hold an object twice (a
@@ -215,7 +230,7 @@ class Lifecycle(Generic[T]):
             # Arm only if no watched variable changed since the key was
             # read: invalidate() bumps the epoch under this lock.
             if epoch == self.epoch and not self.overrides:
-                self._arm(live.client, None if self.pushed else live)
+                self._arm(live.client, live)
             return Serve(live)
         if slot.build is not None:
             return Wait(slot.build)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -145,3 +146,23 @@ def blocked_in(function: str, n: int, timeout: float = WAIT) -> bool:
         return found
 
     return wait_until(lambda: count() >= n, timeout)
+
+
+class LoopThread:
+    """An event loop running in a thread of its own until stopped."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever)
+        self.thread.start()
+
+    def run(self, coro):
+        """Run *coro* on the loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
+
+    def stop(self) -> None:
+        """Stop the loop, join the thread and close the loop."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
+        self.loop.close()

@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from helpers import WAIT, FakeClient
+from helpers import WAIT, FakeClient, LoopThread
 
 from poolkeeper import (
     UnclosedClientWarning,
@@ -50,26 +50,6 @@ def async_single(**options):
         return client
 
     return process_singleton(**options)(build), built
-
-
-class LoopThread:
-    """An event loop running in a thread of its own until stopped."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever)
-        self.thread.start()
-
-    def run(self, coro):
-        """Run *coro* on the loop and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
-
-    def stop(self) -> None:
-        """Stop the loop, join the thread and close the loop."""
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(WAIT)
-        assert not self.thread.is_alive()
-        self.loop.close()
 
 
 class RefusingLoop(asyncio.SelectorEventLoop):

@@ -2,11 +2,14 @@
 
 Wall-clock ratios live in benchmarks/; here ``sys.setprofile`` counts the
 Python frames one call of a built singleton starts. An armed hit is a C
-call and starts none; a polled key runs a small, fixed number.
+call and starts none; a polled key runs a small, fixed number. An armed
+async hit runs two: the armed ``__call__`` and the coroutine it returns.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
 import pytest
@@ -15,15 +18,20 @@ from helpers import Factory
 from poolkeeper import keys, process_singleton
 
 
-def frames_of(call) -> list[str]:
-    """Return the names of the Python functions one *call()* runs."""
-    seen: list[str] = []
+def profiler(seen: list[str]):
+    """Return a profile function that records each Python call in *seen*."""
 
     def profile(frame, event, arg):
         if event == "call":
             seen.append(frame.f_code.co_name)
 
-    sys.setprofile(profile)
+    return profile
+
+
+def frames_of(call) -> list[str]:
+    """Return the names of the Python functions one *call()* runs."""
+    seen: list[str] = []
+    sys.setprofile(profiler(seen))
     try:
         call()
     finally:
@@ -92,3 +100,87 @@ class TestPolledHit:
 
         assert not {"get", "__getitem__", "_look", "_where"} & set(frames)
         assert 10 >= len(frames), frames
+
+
+async def frames_of_await(single) -> tuple[list[str], object]:
+    """Return the Python functions ``await single()`` runs, and its result."""
+    seen: list[str] = []
+    sys.setprofile(profiler(seen))
+    try:
+        result = await single()
+    finally:
+        sys.setprofile(None)
+    return seen, result
+
+
+async def plain():
+    """The baseline: a plain coroutine."""
+
+
+class TestArmedAsyncHit:
+    @pytest.mark.parametrize(
+        "make_key",
+        [
+            pytest.param(lambda path: None, id="no key"),
+            pytest.param(lambda path: keys.env("PK_TEST_KEY"), id="env"),
+            pytest.param(keys.file, id="file"),
+        ],
+    )
+    def test_await_runs_two_frames(self, key_file, make_key):
+        """Once built, ``await single()`` runs the armed call and its hit."""
+
+        @process_singleton(key=make_key(key_file))
+        async def single():
+            return object()
+
+        async def main():
+            client = await single()
+            await single()  # Armed by now: the build's own round arms it.
+            frames, result = await frames_of_await(single)
+            baseline, _ = await frames_of_await(plain)
+            return client, frames, result, baseline
+
+        client, frames, result, baseline = asyncio.run(main())
+        assert ["armed_call", "hit"] == frames
+        assert client is result
+        assert ["plain"] == baseline
+
+    def test_miss_after_a_change_takes_the_slow_path_then_rearms(
+        self, key_file
+    ):
+        """A watched change disarms; the next await rebuilds and re-arms."""
+
+        @process_singleton(key=keys.env("PK_TEST_KEY"))
+        async def single():
+            return object()
+
+        async def main():
+            old = await single()
+            os.environ["PK_TEST_KEY"] = "b"
+            missed, new = await frames_of_await(single)
+            armed, again = await frames_of_await(single)
+            return old, missed, new, armed, again
+
+        old, missed, new, armed, again = asyncio.run(main())
+        assert new is not old
+        assert again is new
+        assert "_acquire" in missed
+        assert ["armed_call", "hit"] == armed
+
+    def test_polled_key_is_not_armed(self):
+        """A polled key is evaluated on every await: no armed hit."""
+        values = ["a"]
+
+        @process_singleton(key=lambda: values[0])
+        async def single():
+            return object()
+
+        async def main():
+            await single()
+            await single()
+            frames, _ = await frames_of_await(single)
+            return frames
+
+        frames = asyncio.run(main())
+        assert "armed_call" not in frames
+        assert "<lambda>" in frames

@@ -83,15 +83,18 @@ class LifecycleRules(RuleBasedStateMachine):
     steps = 0
     #: The sync rules: the process's one slot, and the hit path.
     sync = False
+    #: The async rules with a pushed key: each loop's hit path is armed.
+    loop_hit = False
 
     def __init__(self) -> None:
         super().__init__()
         self.armed: list[object] = [None]
         self.life: Lifecycle[Client] = Lifecycle(
             "machine",
-            pushed=self.sync,
+            pushed=self.sync or self.loop_hit,
             min_interval=0.0,
             switch=self.armed.append,
+            arm_slot=self._arm_slot if self.loop_hit else None,
         )
         self.slots: list[Slot] = []
         self.loops = 0
@@ -112,6 +115,10 @@ class LifecycleRules(RuleBasedStateMachine):
         self.tokens = 0
 
     # -- helpers ------------------------------------------------------------
+
+    def _arm_slot(self, record: Record[Client]) -> bool:
+        self.armed.append(record)
+        return True
 
     def _close(self, doomed: list[Record[Client]]) -> None:
         for record in doomed:
@@ -160,6 +167,7 @@ class LifecycleRules(RuleBasedStateMachine):
         slot = self.slots.pop(at % len(self.slots))
         doomed: list[Record[Client]] = []
         self.life.close_slot(slot, doomed)
+        assert self.armed[-1] is None  # A loop's end disarms.
         assert slot.dropped
         assert slot.key not in self.life.slots
         self._close(doomed)
@@ -188,8 +196,8 @@ class LifecycleRules(RuleBasedStateMachine):
             assert isinstance(step, Build)
             assert step.ticket is slot.build
             self.pending.append(step.ticket)
-        if epoch != self.life.epoch or not self.sync:
-            # A stale read never arms the hit path; loops have none.
+        if epoch != self.life.epoch or not (self.sync or self.loop_hit):
+            # A stale read never arms the hit path, nor a polled key's loop.
             assert armed == len(self.armed)
 
     @precondition(lambda self: self.pending)
@@ -345,6 +353,14 @@ class LifecycleRules(RuleBasedStateMachine):
         if self.life.overrides:
             assert armed is self.life.overrides[-1][1]
             return
+        if self.loop_hit:
+            # A loop's hit path is armed with a record: its slot's live one.
+            assert isinstance(armed, Record)
+            assert armed is armed.slot.live
+            assert ClientState.LIVE is armed.state
+            assert armed.slot.key in self.life.slots
+            assert armed.matches(hash(self.env), self.env)
+            return
         assert self.sync
         live = self.life.slots[None].live
         assert live is not None
@@ -397,6 +413,12 @@ class SyncRules(LifecycleRules):
     """The sync rules: the process's one slot, and the hit path."""
 
     sync = True
+
+
+class LoopHitRules(LifecycleRules):
+    """The async rules for a pushed key: each loop's hit path is armed."""
+
+    loop_hit = True
 
 
 def _run(machine: type, examples: int, steps: int) -> None:
@@ -517,8 +539,8 @@ class TestLifecycleMachines:
 
     @pytest.mark.parametrize(
         ("machine", "default"),
-        [(SyncRules, 50), (LifecycleRules, 100)],
-        ids=["sync", "async"],
+        [(SyncRules, 50), (LifecycleRules, 100), (LoopHitRules, 100)],
+        ids=["sync", "async", "async armed"],
     )
     def test_rules_hold(self, machine, default):
         """No sequence of transitions breaks the lifecycle's invariants."""
