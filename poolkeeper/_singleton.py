@@ -30,6 +30,7 @@ from poolkeeper._identity import (
     report_fork_errors,
     too_many_rounds,
 )
+from poolkeeper._lease import lease_class
 from poolkeeper._lifecycle import (
     MAX_ROUNDS,
     Build,
@@ -88,7 +89,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_life: Lifecycle[T]
     _self_slot: Slot
     _self_closer: Closer
-    _self_lease: _LeaseParts[T]
 
     # The hit path. Each singleton has its own subclass (see make), and
     # while a client is live and its key cannot have changed, that class's
@@ -157,12 +157,12 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         self._self_life = life
         self._self_slot = life.open_slot(None, None)[0]
         self._self_closer = Closer(life, close, is_async=False)
-        self._self_lease = _LeaseParts(
-            weakref.ref(self),
-            life,
-            self._self_slot,
-            self._self_closer,
-            name,
+        # Making a lease runs no Python code: lease() is replaced by this
+        # singleton's own lease class.
+        type.__setattr__(
+            type(self),
+            "lease",
+            lease_class(self, life, self._self_slot, self._self_closer, name),
         )
         entry = _registry.Entry(
             life, self._self_closer, after_fork, keep=fork == "keep"
@@ -299,7 +299,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             A context manager whose ``with`` block gets the live client,
             as a call would return it. Enter it once.
         """
-        return _Lease(self._self_lease)
+        # Each singleton's class replaces this method (see _setup).
+        leases = type(self).__dict__["lease"]  # pragma: no cover
+        return cast("AbstractContextManager[T]", leases())  # pragma: no cover
 
     def proxy(self) -> T:
         """Return a handle that resolves to the live client on every use.
@@ -389,85 +391,6 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
         min_rebuild_interval=min_rebuild_interval,
     )
     return self
-
-
-@final
-class _LeaseParts(Generic[T]):
-    """What a lease needs, read from the singleton once; holds it weakly."""
-
-    __slots__ = ("closer", "life", "name", "ref", "slot")
-
-    def __init__(
-        self,
-        ref: weakref.ReferenceType[Any],
-        life: Lifecycle[T],
-        slot: Slot,
-        closer: Closer,
-        name: str,
-    ) -> None:
-        self.ref = ref
-        self.life = life
-        self.slot = slot
-        self.closer = closer
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<lease parts of {self.name}>"
-
-
-@final
-class _Lease(Generic[T]):
-    """``with single.lease() as client:``; a class, not a generator: cheap.
-
-    Holds the singleton weakly: a lease of a dropped singleton still ends
-    (and closes its client then), as ``close_all()`` promises.
-    """
-
-    __slots__ = ("_parts", "_record")
-
-    def __init__(self, parts: _LeaseParts[T]) -> None:
-        self._parts = parts
-        self._record: Record[T] | None = None
-
-    def __enter__(self) -> T:
-        if self._record is not None:
-            msg = "A lease is entered once; call lease() for another."
-            raise RuntimeError(msg)
-        parts = self._parts
-        life, slot, name = parts.life, parts.slot, parts.name
-        single: ProcessSingleton[T] | None = parts.ref()
-        if single is None:  # Dropped between lease() and entering it.
-            msg = f"The singleton {name} was garbage collected."
-            raise ReferenceError(msg)
-        for _ in range(MAX_ROUNDS):
-            overrides = life.overrides
-            if overrides:
-                return cast("T", overrides[-1][1])
-            # The hit path (armed: no Python frame), then pin the record
-            # that holds what it returned, if that is still the live one.
-            client = single()
-            record = slot.live
-            if (
-                record is not None
-                and record.client is client
-                and life.lease(slot, record)
-            ):
-                self._record = record
-                return client
-        raise too_many_rounds(name, "lease")
-
-    def __exit__(self, *exc_info: object) -> None:
-        record = self._record
-        if record is None:
-            return
-        self._record = None
-        parts = self._parts
-        doomed: list[Record[T]] = []
-        try:
-            parts.life.unlease(record, doomed)
-        finally:
-            close = parts.closer.close
-            run_each(functools.partial(close, r) for r in doomed)
 
 
 def _switch(
