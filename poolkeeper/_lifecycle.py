@@ -591,9 +591,15 @@ class Lifecycle(Generic[T]):
         """A watched variable changed: disarm and outdate keys read before.
 
         Runs on every write of a watched variable, so it takes the lock
-        itself, on one line as ``_locked`` does, without its wrapper.
+        itself, on one line as ``_locked`` does, without its wrapper: the
+        epoch moves at once (nothing on that line can raise), and an armed
+        hit path is disarmed after, under the lock again, before the write
+        returns. A call that arms in between read its key after the write.
         """
-        with self.lock: self._disarm(); self.epoch += 1  # noqa: E701, E702  # fmt: skip
+        lock = self.lock
+        lock.acquire(); self.epoch += 1; armed = self.armed; lock.release()  # noqa: E702  # fmt: skip
+        if armed is not None:
+            with lock: self._disarm()  # noqa: E701  # fmt: skip
 
     @_locked
     def push_override(self, token: object, obj: object) -> None:
