@@ -9,7 +9,11 @@ Each row is a ratio to its own baseline, timed in the same round:
 3. a write to an environment variable that one ``keys.env`` singleton
    watches, against the same write through ``os.environ``'s own class
    (alternating two values, so every write changes the value), and a write
-   of the value already there.
+   of the value already there;
+4. the same write once 1,000 singletons watch that very name, and once
+   1,000 singletons watch 1,000 other names (the name written keeps its
+   one watcher): a write notifies the watchers of its name only. Its
+   tables give the cost of one write, and time fewer runs per round.
 
 Method: one round times ``number`` runs of every variant, taken
 round-robin with a rotating start; the report gives the median over rounds
@@ -190,6 +194,51 @@ def env_rows(rounds: int, number: int) -> dict[str, list[float]]:
         del os.environ[NAME]
 
 
+def many_rows(rounds: int, number: int) -> dict[str, list[float]]:
+    """One write, with 1,000 watchers of its name or of other names."""
+    crowd, alone = f"{NAME}_CROWD", f"{NAME}_ALONE"
+    others = [f"{NAME}_OTHER_{i}" for i in range(1_000)]
+    singles = [
+        process_singleton(key=keys.env(name))(object)
+        for name in [alone, *[crowd] * 1_000, *others]
+    ]
+    environ = os.environ
+    for name in (alone, crowd, *others):
+        environ[name] = "a"
+    for single in singles:
+        single()
+        single()  # Armed: a write disarms each watcher of its name.
+    base = type(environ).__mro__[1]
+
+    def plain() -> None:
+        base.__setitem__(environ, alone, "a")
+        base.__setitem__(environ, alone, "b")
+
+    def one() -> None:
+        environ[alone] = "a"
+        environ[alone] = "b"
+
+    def many() -> None:
+        environ[crowd] = "a"
+        environ[crowd] = "b"
+
+    try:
+        times = measure(
+            {
+                "os.environ's own class (no watcher)": plain,
+                "1 watcher; 1,000 singletons watch other names": one,
+                "1,000 watchers of this name": many,
+            },
+            rounds,
+            number,
+        )
+    finally:
+        for name in (alone, crowd, *others):
+            del environ[name]
+    # Two writes per run: report one.
+    return {name: [t / 2 for t in values] for name, values in times.items()}
+
+
 def main() -> None:
     """Run every table and print it as Markdown."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -209,6 +258,11 @@ def main() -> None:
     report(
         "Environment: two writes",
         env_rows(rounds, number),
+        "os.environ's own class (no watcher)",
+    )
+    report(
+        "Environment: one write, 1,000 watchers",
+        many_rows(rounds, max(10, number // 200)),
         "os.environ's own class (no watcher)",
     )
 

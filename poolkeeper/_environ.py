@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -31,22 +31,25 @@ class _Watcher(Protocol):
     def invalidate(self) -> None: ...
 
 
-# name -> {id(watcher): weak reference}. A plain dict of references rather
-# than a WeakSet: a write iterates only the watchers of the name written,
-# without WeakSet's iteration guard.
-_watchers: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
+# name -> {id(watcher): weak reference}, and name -> those references as a
+# tuple, rebuilt when a watcher comes or goes: a write iterates the tuple
+# of the name written (nothing else, without a copy or WeakSet's guard).
+_refs: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
+_watchers: dict[str, tuple[weakref.ref[_Watcher], ...]] = {}
+
+_MISSING = object()
+
+# A name from os.environb (bytes; encodekey accepted it) to its str.
+_decode = cast("Callable[[object], str]", os.fsdecode)
 
 
 def _changed(name: object) -> None:
     # name passed the store's encodekey: a str, or bytes for os.environb.
-    if isinstance(name, bytes):
-        name = os.fsdecode(name)
-    refs = _watchers.get(name)  # type: ignore[call-overload]
-    if refs:
-        for ref in list(refs.values()):
-            watcher = ref()
-            if watcher is not None:
-                watcher.invalidate()
+    named = name if isinstance(name, str) else _decode(name)
+    for ref in _watchers.get(named, ()):
+        watcher = ref()
+        if watcher is not None:
+            watcher.invalidate()
 
 
 def _swap(environ: object) -> bool:
@@ -57,13 +60,22 @@ def _swap(environ: object) -> bool:
     # The notification runs after the store returns: once the assignment
     # (or del) has returned, every watcher is disarmed and outdated. A
     # write of the value already there changes nothing and notifies no one.
+    # The store is os._Environ.__setitem__'s own four steps, inline (its
+    # class is checked below), so the value is encoded once.
     def set_and_notify(self: Any, key: object, value: object) -> None:  # noqa: ANN401
         name = self.encodekey(key)  # Raises the TypeError base would.
+        encoded = self.encodevalue(value)
         data = self._data
-        before = data.get(name)
-        base.__setitem__(self, key, value)  # type: ignore[index]
-        if data.get(name) != before:
-            _changed(key)
+        before = data.get(name, _MISSING)
+        os.putenv(name, encoded)
+        data[name] = encoded
+        if before != encoded:
+            # The watchers of this name only, and no frame for _changed.
+            named = key if isinstance(key, str) else _decode(key)
+            for ref in _watchers.get(named, ()):
+                watcher = ref()
+                if watcher is not None:
+                    watcher.invalidate()
 
     def set_always(self: object, key: object, value: object) -> None:
         # Not the os._Environ layout: every write notifies.
@@ -74,7 +86,12 @@ def _swap(environ: object) -> bool:
         base.__delitem__(self, key)  # type: ignore[attr-defined]
         _changed(key)
 
-    layout = hasattr(environ, "_data") and hasattr(environ, "encodekey")
+    # Stores inline only where __setitem__ is os._Environ's own.
+    own = getattr(getattr(os, "_Environ", None), "__setitem__", _MISSING)
+    layout = getattr(base, "__setitem__", None) is own and all(
+        hasattr(environ, name)
+        for name in ("_data", "encodekey", "encodevalue")
+    )
     watched = type(
         base.__name__,
         (base,),
@@ -107,17 +124,20 @@ def watch(names: Iterable[str], watcher: _Watcher) -> bool:
     if not _install():
         return False
     for name in names:
-        refs = _watchers.setdefault(name, {})
+        refs = _refs.setdefault(name, {})
         ident = id(watcher)
-        refs[ident] = weakref.ref(watcher, _forgetter(refs, ident))
+        refs[ident] = weakref.ref(watcher, _forgetter(name, ident))
+        _watchers[name] = tuple(refs.values())
     return True
 
 
 def _forgetter(
-    refs: dict[int, weakref.ref[_Watcher]], ident: int
+    name: str, ident: int
 ) -> Callable[[weakref.ref[_Watcher]], None]:
     def forget(ref: weakref.ref[_Watcher]) -> None:
+        refs = _refs.get(name, {})
         if refs.get(ident) is ref:  # Not a newer watcher at the same id.
             del refs[ident]
+            _watchers[name] = tuple(refs.values())
 
     return forget

@@ -33,8 +33,11 @@ from typing import (
 )
 
 from poolkeeper._records import (
+    DONE,
     Build,
     ClientState,
+    Ended,
+    Holder,
     Record,
     Serve,
     Slot,
@@ -52,9 +55,12 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 __all__ = [
+    "DONE",
     "MAX_ROUNDS",
     "Build",
     "ClientState",
+    "Ended",
+    "Holder",
     "Lifecycle",
     "Record",
     "Serve",
@@ -306,16 +312,68 @@ class Lifecycle(Generic[T]):
     @_locked
     def unlease(self, record: Record[T], doomed: list[Record[T]]) -> None:
         """End a lease; a retired record whose last lease ends is doomed."""
-        slot = record.slot
         leases = record.leases - 1
         if leases or record.state is not ClientState.RETIRED:
             record.leases = leases
             return
-        retired = tuple(r for r in slot.retired if r is not record)
-        out = [] if self._shared(record, self._holders()) else [record]
-        (record.leases, record.state, slot.retired, doomed[:]) = (
-            0, ClientState.CLOSED, retired, out,
+        retired, close = self._last_lease(record)
+        (record.leases, record.state, record.slot.retired, doomed[:]) = (
+            0, ClientState.CLOSED, retired, [] if close is None else [close],
         )  # fmt: skip
+
+    # The sync lease's transitions. Its fast paths pin and unpin inline
+    # (see _lease.py): a count under this lock, committed in one statement
+    # with the lease's own record of it. These are its slow paths: a pin
+    # after a miss, the end of the last lease of a retired record, and an
+    # end that was cut short.
+
+    def pin(self, slot: Slot, client: object, lease: Holder) -> bool:
+        """Pin *slot*'s live record if it holds *client*; say if it did.
+
+        Call with the lock held, on the line that takes it. The pinned
+        record goes to ``lease.pin`` in the statement that counts it.
+        """
+        record = slot.live
+        if (
+            record is None
+            or record.client is not client
+            or record.state is not ClientState.LIVE
+        ):
+            return False
+        record.leases, lease.pin = record.leases + 1, record
+        return True
+
+    def unpin(self, lease: Holder) -> None:
+        """End *lease*'s pin, if it holds one; idempotent.
+
+        Call with the lock held, on the line that takes it (as _locked
+        does, without its wrapper's frame). When this was the last lease
+        of a retired record, that record goes to ``lease.doomed``.
+        """
+        record = lease.pin
+        if not isinstance(record, Record):  # Not pinned, or already ended.
+            return
+        leases = record.leases - 1
+        if leases or record.state is not ClientState.RETIRED:
+            record.leases, lease.pin = leases, DONE
+            return
+        retired, close = self._last_lease(record)
+        # The targets share one line: each store is a line event of its own
+        # target's line, and no exception may land between them.
+        r, closed = record, ClientState.CLOSED
+        r.leases, r.state, r.slot.retired, lease.pin, lease.doomed = 0, closed, retired, DONE, close  # noqa: E501  # fmt: skip
+
+    def _last_lease(
+        self, record: Record[T]
+    ) -> tuple[tuple[Record[Any], ...], Record[T] | None]:
+        """Decide the close of a retired *record* whose last lease ends.
+
+        Returns its slot's new retired tuple and the record to close, or
+        None when another holder shares the client; mutates nothing.
+        """
+        retired = tuple(r for r in record.slot.retired if r is not record)
+        shared = self._shared(record, self._holders())
+        return retired, None if shared else record
 
     @_locked
     def reset(self, slot: Slot, now: float, doomed: list[Record[T]]) -> bool:
@@ -393,9 +451,15 @@ class Lifecycle(Generic[T]):
         """A watched variable changed: disarm and outdate keys read before.
 
         Runs on every write of a watched variable, so it takes the lock
-        itself, on one line as ``_locked`` does, without its wrapper.
+        itself, on one line as ``_locked`` does, without its wrapper: the
+        epoch moves at once (nothing on that line can raise), and an armed
+        hit path is disarmed after, under the lock again, before the write
+        returns. A call that arms in between read its key after the write.
         """
-        with self.lock: self._disarm(); self.epoch += 1  # noqa: E701, E702  # fmt: skip
+        lock = self.lock
+        with lock: self.epoch += 1; armed = self.armed  # noqa: E701, E702  # fmt: skip
+        if armed is not None:
+            with lock: self._disarm()  # noqa: E701  # fmt: skip
 
     @_locked
     def push_override(self, token: object, obj: object) -> None:

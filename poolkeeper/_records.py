@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Final, Generic, Protocol, TypeVar, final
 
 T = TypeVar("T")
 
@@ -173,3 +173,23 @@ class Build:
 
     def __init__(self, ticket: Ticket) -> None:
         self.ticket = ticket
+
+
+@final
+class Ended:
+    """The pin of a lease that ended, or that never pinned (an override)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<lease ended>"
+
+
+DONE: Final = Ended()
+
+
+class Holder(Protocol):
+    """What the sync lease keeps: its pin, and the record it must close."""
+
+    pin: Record[Any] | Ended | None
+    doomed: Record[Any] | None

@@ -21,6 +21,7 @@ import wrapt
 
 from poolkeeper import _registry, keys
 from poolkeeper._close import Closer, run_each
+from poolkeeper._hit import arm_polled, switch
 from poolkeeper._identity import (
     Identity,
     evaluate_key,
@@ -30,10 +31,10 @@ from poolkeeper._identity import (
     report_fork_errors,
     too_many_rounds,
 )
+from poolkeeper._lease import lease_class
 from poolkeeper._lifecycle import (
     MAX_ROUNDS,
     Build,
-    ClientState,
     Lifecycle,
     Serve,
 )
@@ -88,11 +89,10 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_life: Lifecycle[T]
     _self_slot: Slot
     _self_closer: Closer
-    _self_lease: _LeaseParts[T]
 
     # The hit path. Each singleton has its own subclass (see make), and
     # while a client is live and its key cannot have changed, that class's
-    # __call__ is a C callable returning the client (see _armed), so a hit
+    # __call__ is a C callable returning the client (see _hit.armed), so a hit
     # runs no Python code and takes no lock. The lifecycle disarms it,
     # under its lock, before anything replaces or retires that client, and
     # the environment watcher and the fork hook disarm it too.
@@ -139,7 +139,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         name = getattr(factory, "__qualname__", repr(factory))
         self._self_name = name
         self._self_key = key
-        # Where the polled hit path finds the key (see _arm_polled).
+        # Where the polled hit path finds the key (see _hit.arm_polled).
         type.__setattr__(type(self), "_poolkeeper_key", key)
         life: Lifecycle[T] = Lifecycle(
             name,
@@ -149,20 +149,24 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             # it), so it holds the singleton's class weakly: the class's
             # polled __call__ holds the key, and a key may reach the
             # singleton.
-            switch=functools.partial(_switch, weakref.ref(type(self)), name),
+            switch=functools.partial(
+                switch, weakref.ref(type(self)), name, _slow_call
+            ),
             arm_polled=None
             if key is None
-            else functools.partial(_arm_polled, weakref.ref(type(self))),
+            else functools.partial(
+                arm_polled, weakref.ref(type(self)), _slow_call
+            ),
         )
         self._self_life = life
         self._self_slot = life.open_slot(None, None)[0]
         self._self_closer = Closer(life, close, is_async=False)
-        self._self_lease = _LeaseParts(
-            weakref.ref(self),
-            life,
-            self._self_slot,
-            self._self_closer,
-            name,
+        # Making a lease runs no Python code: lease() is replaced by this
+        # singleton's own lease class.
+        type.__setattr__(
+            type(self),
+            "lease",
+            lease_class(self, life, self._self_slot, self._self_closer, name),
         )
         entry = _registry.Entry(
             life, self._self_closer, after_fork, keep=fork == "keep"
@@ -299,7 +303,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             A context manager whose ``with`` block gets the live client,
             as a call would return it. Enter it once.
         """
-        return _Lease(self._self_lease)
+        # Each singleton's class replaces this method (see _setup).
+        leases = type(self).__dict__["lease"]  # pragma: no cover
+        return cast("AbstractContextManager[T]", leases())  # pragma: no cover
 
     def proxy(self) -> T:
         """Return a handle that resolves to the live client on every use.
@@ -348,6 +354,10 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         )
 
 
+# The slow path, which a disarmed class gets back as its __call__.
+_slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
+
+
 def _log_built(name: str, record: Record[Any]) -> None:
     log.debug(
         "Built %s (generation %d, key %s).",
@@ -389,150 +399,3 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
         min_rebuild_interval=min_rebuild_interval,
     )
     return self
-
-
-@final
-class _LeaseParts(Generic[T]):
-    """What a lease needs, read from the singleton once; holds it weakly."""
-
-    __slots__ = ("closer", "life", "name", "ref", "slot")
-
-    def __init__(
-        self,
-        ref: weakref.ReferenceType[Any],
-        life: Lifecycle[T],
-        slot: Slot,
-        closer: Closer,
-        name: str,
-    ) -> None:
-        self.ref = ref
-        self.life = life
-        self.slot = slot
-        self.closer = closer
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<lease parts of {self.name}>"
-
-
-@final
-class _Lease(Generic[T]):
-    """``with single.lease() as client:``; a class, not a generator: cheap.
-
-    Holds the singleton weakly: a lease of a dropped singleton still ends
-    (and closes its client then), as ``close_all()`` promises.
-    """
-
-    __slots__ = ("_parts", "_record")
-
-    def __init__(self, parts: _LeaseParts[T]) -> None:
-        self._parts = parts
-        self._record: Record[T] | None = None
-
-    def __enter__(self) -> T:
-        if self._record is not None:
-            msg = "A lease is entered once; call lease() for another."
-            raise RuntimeError(msg)
-        parts = self._parts
-        life, slot, name = parts.life, parts.slot, parts.name
-        single: ProcessSingleton[T] | None = parts.ref()
-        if single is None:  # Dropped between lease() and entering it.
-            msg = f"The singleton {name} was garbage collected."
-            raise ReferenceError(msg)
-        for _ in range(MAX_ROUNDS):
-            overrides = life.overrides
-            if overrides:
-                return cast("T", overrides[-1][1])
-            # The hit path (armed: no Python frame), then pin the record
-            # that holds what it returned, if that is still the live one.
-            client = single()
-            record = slot.live
-            if (
-                record is not None
-                and record.client is client
-                and life.lease(slot, record)
-            ):
-                self._record = record
-                return client
-        raise too_many_rounds(name, "lease")
-
-    def __exit__(self, *exc_info: object) -> None:
-        record = self._record
-        if record is None:
-            return
-        self._record = None
-        parts = self._parts
-        doomed: list[Record[T]] = []
-        try:
-            parts.life.unlease(record, doomed)
-        finally:
-            close = parts.closer.close
-            run_each(functools.partial(close, r) for r in doomed)
-
-
-def _switch(
-    cls_ref: weakref.ReferenceType[type], name: str, client: object
-) -> None:
-    """Arm the class's hit path with *client*, or disarm it (None)."""
-    cls = cls_ref()
-    if cls is None:  # The singleton is gone; no call can come.
-        return
-    target = _slow_call if client is None else _armed(client, name)
-    # A plain class attribute store: callers on other threads see the old
-    # or the new target, never neither.
-    type.__setattr__(cls, "__call__", target)
-
-
-_slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
-
-
-def _arm_polled(
-    cls_ref: weakref.ReferenceType[type], record: Record[T]
-) -> None:
-    """Arm *cls*'s hit path for a key that is polled on every call.
-
-    The armed ``__call__`` evaluates the key and returns *record*'s client
-    while the value is the one it was built for (by value, as
-    :meth:`Record.matches` compares) and the record is live; anything else
-    takes the slow path. One Python frame, plus the key's own.
-    """
-    cls = cls_ref()
-    if cls is None:  # The singleton is gone; no call can come.
-        return
-    key = cast("Callable[[], object]", cls.__dict__["_poolkeeper_key"])
-    client = record.client
-    value = record.key.value
-    value_hash = record.key_hash
-    live = ClientState.LIVE
-
-    def polled(
-        self: ProcessSingleton[T], *args: object, **kwargs: object
-    ) -> T:
-        if args or kwargs:
-            return cast("T", _slow_call(self, *args, **kwargs))
-        now = key()
-        same = now is value or (now == value and hash(now) == value_hash)
-        # One line: no line event between the state check and the return.
-        if same and record.state is live: return client  # noqa: E701  # fmt: skip
-        return self._miss(now)
-
-    type.__setattr__(cls, "__call__", polled)
-
-
-def _armed(client: object, name: str) -> object:
-    """Return a ``__call__`` that returns *client* without Python frames.
-
-    An ``lru_cache`` seeded with the no-argument call answers it in C. A
-    call with arguments misses the cache and reaches ``hit``, which raises
-    the same error as the slow path; the staticmethod keeps the singleton
-    itself out of the arguments.
-    """
-
-    def hit(*args: object, **kwargs: object) -> object:
-        if args or kwargs:
-            raise TypeError(no_arguments(name, args, kwargs))
-        return client
-
-    cached = functools.lru_cache(maxsize=None)(hit)
-    cached()
-    return staticmethod(cached)

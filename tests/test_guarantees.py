@@ -129,7 +129,7 @@ class TestLeaseNeverRetired:
         """close_all() after the lease's hit, before its pin: it pins anew."""
         single = process_singleton(Factory())
         first = single()
-        pause = Pause("__enter__", "and life.lease(slot, record)")
+        pause = Pause("__enter__", "lock = life.lock")
         box: list[object] = []
 
         def lease():

@@ -102,6 +102,32 @@ class TestPolledHit:
         assert 10 >= len(frames), frames
 
 
+class TestLeaseFrames:
+    @pytest.mark.parametrize(
+        "make_key",
+        [
+            pytest.param(lambda path: None, id="no key"),
+            pytest.param(lambda path: keys.env("PK_TEST_KEY"), id="env"),
+        ],
+    )
+    def test_lease_runs_its_enter_and_exit_only(self, key_file, make_key):
+        """Making, entering and exiting a built lease: two Python frames."""
+        single = process_singleton(key=make_key(key_file))(Factory())
+        client = single()
+        single()
+        result: list[object] = []
+
+        def use():
+            with single.lease() as leased:
+                result.append(leased)
+
+        frames = frames_of(use)
+
+        assert ["use", "__enter__", "__exit__"] == frames
+        assert [client] == result
+        assert 0 == single.statistics().leases
+
+
 async def frames_of_await(single) -> tuple[list[str], object]:
     """Return the Python functions ``await single()`` runs, and its result."""
     seen: list[str] = []

@@ -1,0 +1,171 @@
+"""The sync lease: ``with single.lease() as client:``.
+
+A lease pins the live client, so that its close waits until the last lease
+on it ends. Leases are taken around every unit of work, so they are built
+for speed: making one runs no Python code (each singleton has its own
+:class:`Lease` subclass that carries what its leases need, and its
+``lease`` attribute is that class), entering one is a hit (no Python frame
+while the hit path is armed) plus one pin under the lifecycle's lock, and
+exiting one is one unpin under that lock. Four Python frames in all:
+``__enter__``, ``Lifecycle.pin``, ``__exit__``, ``Lifecycle.unpin``
+(tests/test_hit_frames.py counts them).
+
+An exception may land at any line (a signal handler's
+``KeyboardInterrupt``): a pin is recorded in the lease in the statement
+that counts it, ``__enter__`` ends a pin it cannot return, and each step
+of ``__exit__`` is repeated by the next layer if it was cut short; every
+step is idempotent, so none runs twice.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
+
+from poolkeeper._identity import too_many_rounds
+from poolkeeper._lifecycle import (
+    DONE,
+    MAX_ROUNDS,
+    ClientState,
+    Ended,
+    Record,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from poolkeeper._close import Closer
+    from poolkeeper._lifecycle import Lifecycle, Slot
+
+T = TypeVar("T")
+
+_LIVE = ClientState.LIVE
+_RETIRED = ClientState.RETIRED
+
+
+class Lease(Generic[T]):
+    """A lease of one singleton's live client; enter it once.
+
+    Holds the singleton weakly: a lease entered after its singleton was
+    garbage collected raises :class:`ReferenceError`, and a lease entered
+    before still ends (and closes its client then), as ``close_all()``
+    promises.
+    """
+
+    # Set on each singleton's own subclass (see lease_class).
+    _ref: ClassVar[weakref.ReferenceType[Any]]
+    _life: ClassVar[Lifecycle[Any]]
+    _slot: ClassVar[Slot]
+    _closer: ClassVar[Closer]
+    _name: ClassVar[str]
+
+    # The instance's state, defaults on the class so that making a lease
+    # stores nothing: pin is None until entered, then the pinned record,
+    # then DONE (also for an override, which pins nothing); doomed is the
+    # record whose close this lease owes, once its pin ended.
+    pin: Record[Any] | Ended | None = None
+    doomed: Record[Any] | None = None
+
+    def __enter__(self) -> T:
+        """Pin the live client (building it if needed) and return it."""
+        life = self._life
+        single: Callable[[], T] | None = self._ref()
+        try:
+            if self.pin is None and single is not None and not life.overrides:
+                # The hit path (armed: no Python frame), then pin the live
+                # record if it still holds what the call returned.
+                client = single()
+                record = self._slot.live
+                if record is not None and record.client is client:
+                    lock = life.lock
+                    # One line, so no exception lands inside it: the count
+                    # and the lease's record of it commit together. A with
+                    # statement, not acquire() and release() calls: CPython
+                    # runs signal handlers after calls, so one could raise
+                    # between an acquire() and its release(); after the
+                    # with's own entry, the exit always runs.
+                    with lock: ok = record is self._slot.live and record.state is _LIVE; record.leases += ok; self.pin = record if ok else None  # noqa: E501, E701, E702  # fmt: skip
+                    if ok:
+                        return client
+            return self._enter(single)
+        except BaseException:
+            # The with statement runs no __exit__ when __enter__ raises: an
+            # exception after the pin (a signal's) must end it here.
+            self.__exit__(None, None, None)
+            raise
+
+    def _enter(self, single: Callable[[], T] | None) -> T:
+        # The slow path: errors, overrides, a client retired meanwhile.
+        if self.pin is not None:
+            msg = "A lease is entered once; call lease() for another."
+            raise RuntimeError(msg)
+        if single is None:  # Dropped between lease() and entering it.
+            msg = f"The singleton {self._name} was garbage collected."
+            raise ReferenceError(msg)
+        life, slot = self._life, self._slot
+        for _ in range(MAX_ROUNDS):
+            overrides = life.overrides
+            if overrides:
+                self.pin = DONE
+                return cast("T", overrides[-1][1])
+            client = single()
+            with life.lock: pinned = life.pin(slot, client, self)  # noqa: E701  # fmt: skip
+            if pinned:
+                return client
+        raise too_many_rounds(self._name, "lease")
+
+    def __exit__(self, *exc_info: object) -> None:
+        """End the pin; close the client if it was retired meanwhile."""
+        # Each layer finishes what an exception cut short inside it. Only
+        # an exception at this first line, before any of it runs, escapes
+        # them (as it escapes any with statement's exit).
+        try:
+            try:
+                record = self.pin
+                if type(record) is Record:
+                    lock = self._life.lock
+                    # One line, as in __enter__. Not the last lease of a
+                    # retired record: the pin ends here; else _finish.
+                    with lock: end = record.leases > 1 or record.state is not _RETIRED; record.leases -= end; self.pin = DONE if end else record  # noqa: E501, E701, E702  # fmt: skip
+            finally:
+                if self.pin is not DONE or self.doomed is not None:
+                    self._finish()
+        finally:
+            if self.pin is not DONE or self.doomed is not None:
+                self._finish()
+
+    def _finish(self) -> None:
+        # The slow path, idempotent: the last lease of a retired record, or
+        # an exit that was cut short.
+        life = self._life
+        if type(self.pin) is Record:
+            with life.lock: life.unpin(self)  # noqa: E701  # fmt: skip
+        if self.doomed is not None:
+            # Taken and closed on one line: it is closed once.
+            record, self.doomed = self.doomed, None; self._closer.close(record)  # noqa: E702  # fmt: skip
+
+
+def lease_class(
+    single: object,
+    life: Lifecycle[T],
+    slot: Slot,
+    closer: Closer,
+    name: str,
+) -> type[Lease[T]]:
+    """Return the lease class of *single*; it holds *single* weakly."""
+    return cast(
+        "type[Lease[T]]",
+        type(
+            Lease.__name__,
+            (Lease,),
+            {
+                "__module__": Lease.__module__,
+                "__qualname__": Lease.__qualname__,
+                "_ref": weakref.ref(single),
+                "_life": life,
+                "_slot": slot,
+                "_closer": closer,
+                "_name": name,
+            },
+        ),
+    )
