@@ -410,9 +410,16 @@ class Lifecycle(Generic[T]):
 
     @_locked
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
-        """Record a build that raised *error* (None: it was cancelled)."""
+        """Record a build that raised *error* (None: it was cancelled).
+
+        Only an ``Exception`` is the build's failure, raised in the callers
+        waiting for it. Anything else (``KeyboardInterrupt``, ``SystemExit``,
+        cancellation) concerns the builder alone: its waiters retry.
+        """
         if ticket.finished:
             return
+        if not isinstance(error, Exception):
+            error = None
         slot = ticket.slot
         build = None if slot.build is ticket else slot.build
         failures = self.build_failures + (error is not None)
