@@ -171,6 +171,20 @@ class TestSettleAsync:
         assert 2 == len(calls)
 
 
+class TestOverrideCutShort:
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, Custom])
+    def test_push_cut_short_is_popped(self, exc):
+        """An override whose push is cut short does not outlive its block."""
+        single = process_singleton(FakeClient)
+        live = single()
+        life = single._self_life
+        life._arm = Once(life._arm, exc)
+        with pytest.raises(exc), single.override("stand-in"):
+            pass  # Not reached: entering raised.
+        assert live is single()
+        assert not single.statistics().is_overridden
+
+
 async def _async_cut_at(n: int, exc: type[BaseException]) -> str | None:
     built: list[FakeClient] = []
     gate = asyncio.Event()
