@@ -19,6 +19,7 @@ environment on every call.
 
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +36,9 @@ class _Watcher(Protocol):
 # than a WeakSet: a write iterates only the watchers of the name written,
 # without WeakSet's iteration guard.
 _watchers: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
+
+# Counts the stores of watched writes (next() on it is atomic).
+_stores = itertools.count()
 
 
 def _changed(name: object) -> None:
@@ -61,8 +65,11 @@ def _swap(environ: object) -> bool:
         name = self.encodekey(key)  # Raises the TypeError base would.
         data = self._data
         before = data.get(name)
+        mark = next(_stores)
         base.__setitem__(self, key, value)  # type: ignore[index]
-        if data.get(name) != before:
+        # Another store between the two reads of the count (on any thread)
+        # may have shown a value that was read and armed meanwhile: notify.
+        if data.get(name) != before or next(_stores) != mark + 1:
             _changed(key)
 
     def set_always(self: object, key: object, value: object) -> None:
