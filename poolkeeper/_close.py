@@ -209,8 +209,7 @@ class Closer:
         else:
             # An idle loop cannot run inside this thread's running loop.
             error = self._on_helper_thread(record, loop)
-        if error is not None:
-            raise error
+        self._raise(record, error)
 
     async def aclose_anywhere(self, record: Record[Any]) -> None:
         """Close *record* from a coroutine, on its own loop if async.
@@ -241,7 +240,18 @@ class Closer:
         except _TIMEOUTS:
             self._late(record)
             return
-        if error is not None:
+        self._raise(record, error)
+
+    def _raise(self, record: Record[Any], error: BaseException | None) -> None:
+        """Raise what :meth:`_carry` brought back, in the caller."""
+        if isinstance(error, asyncio.CancelledError):
+            # Cancelled on its own loop (which is ending): counted there,
+            # and no cancellation of the caller's.
+            self.unclosed(
+                record, "its close was cancelled on its event loop", "",
+                count=False,
+            )  # fmt: skip
+        elif error is not None:
             raise error
 
     async def _carry(self, record: Record[Any]) -> BaseException | None:

@@ -21,7 +21,13 @@ import threading
 import pytest
 from helpers import WAIT, FakeClient
 
-from poolkeeper import aclose_all, close_all, keys, process_singleton
+from poolkeeper import (
+    UnclosedClientWarning,
+    aclose_all,
+    close_all,
+    keys,
+    process_singleton,
+)
 
 
 class Custom(BaseException):
@@ -316,3 +322,45 @@ class TestLoopEnd:
         assert retired is not live
         assert sorted(map(id, [retired, live])) == sorted(map(id, hook.closed))
         assert 1 == clients[0].closes
+
+
+class TestCancelledOnItsLoop:
+    def test_close_all_does_not_raise_the_cancellation(self):
+        """A close cancelled by its loop's end: reported, never raised."""
+        started = threading.Event()
+
+        async def slow(client):
+            started.set()
+            await asyncio.sleep(WAIT * 10)
+
+        single = process_singleton(close=slow)(make_aclient)
+
+        async def main(ready):
+            await single()
+
+        finish = run_loop_in_thread(main)
+        box: list[object] = []
+
+        def close():
+            try:
+                close_all()
+                box.append("returned")
+            except BaseException as exc:
+                box.append(exc)
+
+        closer = threading.Thread(target=close)
+        closer.start()
+
+        def end():
+            # asyncio.run() cancels the close still running on its loop.
+            assert "finished" == finish()
+            closer.join(WAIT)
+
+        try:
+            assert started.wait(WAIT)
+        finally:
+            with pytest.warns(UnclosedClientWarning, match="cancelled"):
+                end()
+        assert not closer.is_alive()
+        assert ["returned"] == box
+        assert (0, 1) == counts(single)
