@@ -36,7 +36,13 @@ from poolkeeper._identity import (
     report_fork_errors,
     too_many_rounds,
 )
-from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._lifecycle import (
+    MAX_ROUNDS,
+    Build,
+    Lifecycle,
+    Serve,
+    constant,
+)
 from poolkeeper._waits import building, waiting
 
 if TYPE_CHECKING:
@@ -170,6 +176,16 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     # -- calls --------------------------------------------------------------
 
     async def _acquire(self) -> Record[T]:
+        # The slot and wake-up of this call's latest request (see abandon).
+        asked: list[Any] = [None, None]
+        try:
+            return await self._rounds(asked)
+        except BaseException:
+            if self._self_life.abandon(*asked):
+                asked[1].set_result(None)
+            raise
+
+    async def _rounds(self, asked: list[Any]) -> Record[T]:
         life = self._self_life
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
@@ -196,8 +212,10 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 continue
             owner = asyncio.current_task()
             loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            asked[:] = slot, done
             step = life.request(
-                slot, key_hash, key, life.epoch, owner, loop.create_future
+                slot, key_hash, key, life.epoch, owner, constant(done)
             )
             # Not reached: the unlocked check above served any match, and
             # nothing between it and request() can make this loop's slot

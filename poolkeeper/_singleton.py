@@ -36,6 +36,7 @@ from poolkeeper._lifecycle import (
     ClientState,
     Lifecycle,
     Serve,
+    constant,
 )
 from poolkeeper._proxy import ClientProxy
 from poolkeeper._waits import building, waiting
@@ -176,6 +177,16 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     # -- calls --------------------------------------------------------------
 
     def _acquire(self, value: object) -> Record[T]:
+        # The slot and wake-up of this call's latest request (see abandon).
+        asked: list[Any] = [None, None]
+        try:
+            return self._rounds(value, asked)
+        except BaseException:
+            if self._self_life.abandon(*asked):
+                asked[1].set()
+            raise
+
+    def _rounds(self, value: object, asked: list[Any]) -> Record[T]:
         life = self._self_life
         slot = self._self_slot
         if life.fork_errors:
@@ -198,9 +209,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             else:
                 # The builder is served what it built, if still live.
                 key_hash, key, built = built.key_hash, built.key.value, None
-            step = life.request(
-                slot, key_hash, key, epoch, me, threading.Event
-            )
+            done = threading.Event()
+            asked[:] = slot, done
+            step = life.request(slot, key_hash, key, epoch, me, constant(done))
             if isinstance(step, Serve):
                 return step.record
             if isinstance(step, Build):

@@ -24,6 +24,11 @@ class Custom(BaseException):
     """A BaseException that is neither KeyboardInterrupt nor SystemExit."""
 
 
+async def make_client() -> FakeClient:
+    await asyncio.sleep(0)
+    return FakeClient()
+
+
 class Once:
     """Wraps a lifecycle transition so that its first call raises *exc*."""
 
@@ -169,6 +174,66 @@ class TestSettleAsync:
 
         assert isinstance(asyncio.run(main()), FakeClient)
         assert 2 == len(calls)
+
+
+class TestBuildNeverBegun:
+    """request() made the caller the builder; an exception came before."""
+
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, Custom, OSError])
+    def test_sync_waiters_retry(self, exc):
+        """The unbegun build is settled: waiters build, none hangs."""
+        gate = threading.Event()
+        factory = Factory(gate=gate)
+        single = process_singleton(factory)
+        cls = type(single)
+        begin = cls._build
+        first = threading.Event()
+
+        def cut(self, ticket):
+            if not first.is_set():
+                first.set()
+                # Hold the ticket until the waiters wait for it.
+                assert blocked_in("_rounds", 2)
+                raise exc
+            return begin(self, ticket)
+
+        cls._build = cut
+        builder, b_box = run(single)
+        assert first.wait(WAIT)
+        waiters = [run(single) for _ in range(2)]
+        gate.set()
+        join(builder, *(w for w, _ in waiters))
+        assert isinstance(b_box[0], exc)
+        live = single()
+        assert [[live], [live]] == [box for _, box in waiters]
+        assert [live] == factory.built
+
+    @pytest.mark.parametrize("exc", [asyncio.CancelledError, Custom, OSError])
+    def test_async_waiters_retry(self, exc):
+        """The same for tasks: the waiting tasks build, none hangs."""
+        single = process_singleton(make_client)
+        cls = type(single)
+        begin = cls._build
+        cut_once: list[int] = []
+
+        def cut(self, ticket, loop):
+            if not cut_once:
+                cut_once.append(1)
+                raise exc
+            return begin(self, ticket, loop)
+
+        cls._build = cut
+
+        async def main():
+            tasks = [asyncio.ensure_future(single()) for _ in range(3)]
+            _, pending = await asyncio.wait(tasks, timeout=WAIT)
+            assert not pending, "a caller hung"
+            return tasks
+
+        tasks = asyncio.run(main())
+        assert tasks[0].cancelled() or isinstance(tasks[0].exception(), exc)
+        results = {id(t.result()) for t in tasks[1:]}
+        assert 1 == len(results)
 
 
 class TestOverrideCutShort:
