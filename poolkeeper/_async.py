@@ -29,7 +29,13 @@ from poolkeeper._identity import (
     report_fork_errors,
     too_many_rounds,
 )
-from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._lifecycle import (
+    MAX_ROUNDS,
+    Build,
+    Lifecycle,
+    Serve,
+    constant,
+)
 from poolkeeper._waits import building, waiting
 
 if TYPE_CHECKING:
@@ -45,6 +51,9 @@ else:
 T = TypeVar("T")
 
 _NOTHING: Any = object()
+
+# How often a waiter re-checks its build (as the sync driver does).
+_POLL = 0.05
 
 
 @final
@@ -178,6 +187,16 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     # -- calls --------------------------------------------------------------
 
     async def _acquire(self) -> Record[T]:
+        # The slot and wake-up of this call's latest request (see abandon).
+        asked: list[Any] = [None, None]
+        try:
+            return await self._rounds(asked)
+        except BaseException:
+            if self._self_life.abandon(*asked):
+                asked[1].set_result(None)
+            raise
+
+    async def _rounds(self, asked: list[Any]) -> Record[T]:
         life = self._self_life
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
@@ -208,8 +227,10 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 continue
             owner = asyncio.current_task()
             loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            asked[:] = slot, done
             step = life.request(
-                slot, key_hash, key, epoch, owner, loop.create_future
+                slot, key_hash, key, epoch, owner, constant(done)
             )
             if isinstance(step, Serve):
                 record = step.record
@@ -221,8 +242,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 continue
             ticket = step.ticket
             with waiting(owner, ticket):
-                # Shielded: a cancelled waiter must not cancel the build.
-                await asyncio.shield(ticket.done)
+                await _ended(ticket)
             if ticket.error is not None and ticket.matches(key_hash, key):
                 raise ticket.error
         raise too_many_rounds(self._self_name, "build")
@@ -244,18 +264,18 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 with building(ticket):
                     client = await self.__wrapped__()
                 life.built(ticket, cast("T", client), fp, loop.time(), doomed)
-            # The pragmas below mark what only an exception injected
-            # between two lines (a signal handler's) reaches.
+            # What follows is reached by an exception injected between two
+            # lines: tests/test_attack_lines.py cuts the build at each.
             except asyncio.CancelledError:
-                if client is _NOTHING:  # pragma: no branch -- injected.
+                if client is _NOTHING:
                     life.failed(ticket, None)
                 raise
             except BaseException as exc:
-                if client is _NOTHING:  # pragma: no branch -- injected.
+                if client is _NOTHING:
                     life.failed(ticket, exc)
                 raise
             finally:
-                if not ticket.finished:  # pragma: no cover -- injected.
+                if not ticket.finished:
                     self._settle(ticket, client, loop, doomed)
         finally:
             try:
@@ -264,7 +284,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             finally:
                 await self._close(doomed)
 
-    def _settle(  # pragma: no cover -- injected (see _build).
+    def _settle(
         self,
         ticket: Ticket,
         client: object,
@@ -375,3 +395,14 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
             f"({len(life.slots)} loops, pid {life.pid})>"
         )
+
+
+async def _ended(ticket: Ticket) -> None:
+    """Wait until *ticket*'s build has ended.
+
+    ``asyncio.wait`` never cancels what it waits for, so a cancelled waiter
+    does not cancel the build; and the state is re-checked, so a build
+    whose wake-up was cut short by an exception cannot strand its waiters.
+    """
+    while not (ticket.finished or ticket.done.done()):
+        await asyncio.wait((ticket.done,), timeout=_POLL)

@@ -5,10 +5,12 @@ lifecycle hands each record out once). It uses ``close=`` when given, else
 the client's ``aclose()`` (async singletons) or ``close()``, else nothing.
 An ``Exception`` from any of that (even from looking ``close`` up) is
 logged at WARNING with its traceback and counted, never raised; anything
-else (``KeyboardInterrupt``, ``SystemExit``, cancellation) is counted and
-propagates. A client that cannot be closed is reported where a user sees
-it: a WARNING log record and an :class:`UnclosedClientWarning` pointing
-at the user's code.
+else (``KeyboardInterrupt``, ``SystemExit``, cancellation) is counted once
+and propagates to the caller, after every other client the caller closes
+was closed: a close run on another thread's loop or on a helper thread
+hands it back to the caller instead of raising it there. A client that
+cannot be closed is reported where a user sees it: a WARNING log record
+and an :class:`UnclosedClientWarning` pointing at the user's code.
 """
 
 from __future__ import annotations
@@ -191,20 +193,23 @@ class Closer:
             task = loop.create_task(self.aclose(record))
             _scheduled.add(task)
             task.add_done_callback(_scheduled.discard)
-        elif loop.is_running():
+            return
+        if loop.is_running():
             future = asyncio.run_coroutine_threadsafe(
-                self.aclose(record), loop
+                self._carry(record), loop
             )
             try:
-                future.result(CROSS_LOOP_CLOSE_SECONDS)
+                error = future.result(CROSS_LOOP_CLOSE_SECONDS)
             except _TIMEOUTS:
                 future.cancel()
                 self._late(record)
+                return
         elif running is None:
-            loop.run_until_complete(self.aclose(record))
+            error = self._run_idle(record, loop)
         else:
             # An idle loop cannot run inside this thread's running loop.
-            self._on_helper_thread(record, loop)
+            error = self._on_helper_thread(record, loop)
+        self._raise(record, error)
 
     async def aclose_anywhere(self, record: Record[Any]) -> None:
         """Close *record* from a coroutine, on its own loop if async.
@@ -225,39 +230,69 @@ class Closer:
             return
         if loop.is_running():
             future = asyncio.run_coroutine_threadsafe(
-                self.aclose(record), loop
+                self._carry(record), loop
             )
             waited: Any = asyncio.wrap_future(future)
         else:
             waited = asyncio.to_thread(self._run_idle, record, loop)
         try:
-            await asyncio.wait_for(waited, CROSS_LOOP_CLOSE_SECONDS)
+            error = await asyncio.wait_for(waited, CROSS_LOOP_CLOSE_SECONDS)
         except _TIMEOUTS:
             self._late(record)
+            return
+        self._raise(record, error)
+
+    def _raise(self, record: Record[Any], error: BaseException | None) -> None:
+        """Raise what :meth:`_carry` brought back, in the caller."""
+        if isinstance(error, asyncio.CancelledError):
+            # Cancelled on its own loop (which is ending): counted there,
+            # and no cancellation of the caller's.
+            self.unclosed(
+                record, "its close was cancelled on its event loop", "",
+                count=False,
+            )  # fmt: skip
+        elif error is not None:
+            raise error
+
+    async def _carry(self, record: Record[Any]) -> BaseException | None:
+        """Close *record* on its loop; return, not raise, what escapes.
+
+        Run for a caller on another thread: raised there, a
+        ``KeyboardInterrupt`` or ``SystemExit`` from the close hook would
+        stop that loop (asyncio lets them out of a task) and never reach
+        the caller. The caller raises it instead; it was counted already.
+        """
+        try:
+            await self.aclose(record)
+        except BaseException as exc:  # noqa: BLE001 -- the caller raises it.
+            return exc
+        return None
 
     def _run_idle(
         self, record: Record[Any], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        loop.run_until_complete(self.aclose(record))
+    ) -> BaseException | None:
+        return loop.run_until_complete(self._carry(record))
 
     def _on_helper_thread(
         self, record: Record[Any], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        errors: list[BaseException] = []
+    ) -> BaseException | None:
+        # What the close raised, or what running the loop raised: either
+        # way the caller raises it, once (see close_anywhere).
+        box: list[BaseException | None] = [None]
 
         def run() -> None:
             try:
-                self._run_idle(record, loop)
-            except BaseException as exc:  # noqa: BLE001 -- reported below.
-                errors.append(exc)
+                box[0] = self._run_idle(record, loop)
+            except BaseException as exc:  # noqa: BLE001 -- raised by caller.
+                box[0] = exc
 
         thread = threading.Thread(target=run, name="poolkeeper-close")
         thread.start()
         thread.join(CROSS_LOOP_CLOSE_SECONDS)
         if thread.is_alive():
             self._late(record)
-        elif errors:
-            self.failed(record, errors[0])
+            return None
+        return box[0]
 
     def _late(self, record: Record[Any]) -> None:
         # Not counted here: the close given up on still counts its own

@@ -19,6 +19,7 @@ environment on every call.
 
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -41,6 +42,9 @@ _MISSING = object()
 
 # A name from os.environb (bytes; encodekey accepted it) to its str.
 _decode = cast("Callable[[object], str]", os.fsdecode)
+
+# Counts the stores of watched writes (next() on it is atomic).
+_stores = itertools.count()
 
 
 def _changed(name: object) -> None:
@@ -67,9 +71,13 @@ def _swap(environ: object) -> bool:
         encoded = self.encodevalue(value)
         data = self._data
         before = data.get(name, _MISSING)
+        mark = next(_stores)
         os.putenv(name, encoded)
         data[name] = encoded
-        if before != encoded:
+        # Another store between the two reads of the count (on any thread)
+        # may have shown a value that was read and armed meanwhile: notify
+        # then too, even if this store left the value as it was.
+        if before != encoded or next(_stores) != mark + 1:
             # The watchers of this name only, and no frame for _changed.
             named = key if isinstance(key, str) else _decode(key)
             for ref in _watchers.get(named, ()):

@@ -74,8 +74,10 @@ class Identity(Generic[T]):
             *obj*.
         """
         token = object()
-        self._self_life.push_override(token, obj)
+        # Pushed inside the try: a push cut short after it committed (a
+        # KeyboardInterrupt while it arms the hit path) is still popped.
         try:
+            self._self_life.push_override(token, obj)
             yield obj
         finally:
             self._self_life.pop_override(token)

@@ -97,6 +97,11 @@ def _locked(
     return run
 
 
+def constant(obj: R) -> Callable[[], R]:
+    """Return a callable returning *obj*: a wake-up made ahead of request()."""
+    return lambda: obj
+
+
 def _nothing(_client: object) -> None:
     """The hit-path switch of a lifecycle that has no hit path."""
 
@@ -291,15 +296,39 @@ class Lifecycle(Generic[T]):
 
     @_locked
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
-        """Record a build that raised *error* (None: it was cancelled)."""
+        """Record a build that raised *error* (None: it was cancelled).
+
+        Only an ``Exception`` is the build's failure, raised in the callers
+        waiting for it. Anything else (``KeyboardInterrupt``, ``SystemExit``,
+        cancellation) concerns the builder alone: its waiters retry.
+        """
         if ticket.finished:
             return
+        if not isinstance(error, Exception):
+            error = None
         slot = ticket.slot
         build = None if slot.build is ticket else slot.build
         failures = self.build_failures + (error is not None)
         (
             slot.build, self.build_failures, ticket.error, ticket.finished,
         ) = (build, failures, error, True)  # fmt: skip
+
+    @_locked
+    def abandon(self, slot: Slot | None, done: object) -> bool:
+        """Settle the build of a call that unwinds before building.
+
+        A driver calls this when a call ends by an exception. If the slot's
+        build is still the one request() made for that call (its wake-up
+        is *done*) and is unfinished, the exception came between request()
+        and the build taking over, and nothing else would ever settle it:
+        it is settled as cancelled (its waiters retry). Returns whether it
+        was, for the driver to wake them.
+        """
+        ticket = None if slot is None else slot.build
+        if ticket is None or ticket.done is not done or ticket.finished:
+            return False
+        self.failed(ticket, None)
+        return True
 
     @_locked
     def lease(self, slot: Slot, record: Record[T]) -> bool:

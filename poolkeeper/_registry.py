@@ -4,7 +4,9 @@ The registry holds each singleton's lifecycle strongly and the singleton
 itself weakly. A singleton dropped while its client is live (a re-run
 notebook cell, a factory decorated inside a function) therefore does not
 strand the client: it is closed when the singleton is collected, and
-:func:`close_all` still reaches it before the collector runs.
+:func:`close_all` still reaches it before the collector runs. A close
+hook's ``BaseException`` there has no caller to reach: it is counted and
+Python reports it as unraisable, as for any finalizer.
 """
 
 from __future__ import annotations
@@ -147,8 +149,10 @@ def close_all() -> None:
 
     It never raises for a client: a failing close is logged at WARNING and
     counted, and every other client is still closed. Only a
-    ``KeyboardInterrupt`` or ``SystemExit`` from a close hook propagates,
-    after all the other clients were closed.
+    ``BaseException`` that is no ``Exception`` (``KeyboardInterrupt``,
+    ``SystemExit``) from a close hook propagates, once, after all the
+    other clients were closed, even when that close ran on another
+    thread's event loop.
 
     .. versionadded:: 0.1
     """

@@ -89,3 +89,25 @@ class Inject:
                 self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
                 raise self.exc
         return self._line
+
+
+def run(target: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """Run *target* in a thread; return (thread, result box)."""
+    box: list[object] = []
+
+    def main() -> None:
+        try:
+            box.append(target())
+        except BaseException as exc:
+            box.append(exc)
+
+    thread = threading.Thread(target=main)
+    thread.start()
+    return thread, box
+
+
+def join(*threads: threading.Thread) -> None:
+    """Join each thread, failing (not hanging) if one does not end."""
+    for thread in threads:
+        thread.join(WAIT)
+        assert not thread.is_alive(), "thread hung"

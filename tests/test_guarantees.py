@@ -17,7 +17,7 @@ import threading
 import weakref
 
 import pytest
-from attack import Inject, Pause
+from attack import Inject, Pause, join, run
 from helpers import (
     WAIT,
     Factory,
@@ -68,27 +68,6 @@ def env_single():
     return process_singleton(key=keys.env("PK_G_KEY"))(
         lambda: Tracked(os.environ.get("PK_G_KEY"))
     )
-
-
-def run(target):
-    """Run *target* in a thread; return (thread, result box)."""
-    box: list[object] = []
-
-    def main():
-        try:
-            box.append(target())
-        except BaseException as exc:
-            box.append(exc)
-
-    thread = threading.Thread(target=main)
-    thread.start()
-    return thread, box
-
-
-def join(*threads):
-    for thread in threads:
-        thread.join(WAIT)
-        assert not thread.is_alive(), "thread hung"
 
 
 class TestNoClosedClient:

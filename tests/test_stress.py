@@ -54,10 +54,10 @@ def _env(monkeypatch):
 class Churn:
     """The churning threads, and what they saw."""
 
-    def __init__(self, env) -> None:
+    def __init__(self, env, key) -> None:
         self.env = env
         self.built: list[Client] = []
-        self.single = process_singleton(key=keys.env(NAME))(self._factory)
+        self.single = process_singleton(key=key)(self._factory)
         self.stop = threading.Event()
         self.figures: Counter[str] = Counter()
         self.rotated: Counter[str] = Counter()
@@ -135,11 +135,22 @@ class Churn:
         assert [] == [t.name for t in threads if t.is_alive()], "hung"
 
 
+def _polled() -> str | None:
+    return os.environ.get(NAME)
+
+
 class TestChurn:
-    def test_churn_serves_no_closing_client_and_closes_each_once(self, env):
+    # keys.env is pushed (the armed hit path); a plain callable is polled
+    # on every call (the armed polled hit path).
+    @pytest.mark.parametrize(
+        "key", [keys.env(NAME), _polled], ids=["pushed", "polled"]
+    )
+    def test_churn_serves_no_closing_client_and_closes_each_once(
+        self, env, key
+    ):
         """Threads churn for a while; every guarantee holds throughout."""
         env[NAME] = "0"
-        churn = Churn(env)
+        churn = Churn(env, key)
         churn.run(SECONDS)
         built = churn.built
         live = churn.single.current()
@@ -150,7 +161,8 @@ class TestChurn:
             builds=len(built), closes=sum(len(c.closes) for c in built)
         )
         print(
-            f"churn for {SECONDS:g}s: {dict(figures)}, "
+            f"churn ({'polled' if key is _polled else 'pushed'}) "
+            f"for {SECONDS:g}s: {dict(figures)}, "
             f"violations={len(churn.violations)}"
         )
         assert [] == churn.violations
