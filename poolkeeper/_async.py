@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
@@ -21,6 +20,7 @@ import wrapt
 
 from poolkeeper import _loop_end, _loop_hit, _registry, keys
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
+from poolkeeper._drive import NOTHING, settle
 from poolkeeper._identity import (
     Identity,
     evaluate_key,
@@ -50,7 +50,6 @@ else:
 
 T = TypeVar("T")
 
-_NOTHING: Any = object()
 
 # How often a waiter re-checks its build (as the sync driver does).
 _POLL = 0.05
@@ -254,51 +253,30 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         # waiters and makes a built client live or closes it. A cancelled
         # builder is no failure: its waiters retry, one of them building.
         life = self._self_life
-        client: object = _NOTHING
+        keyed = self._self_key is not None
+        client: object = NOTHING
         doomed: list[Record[T]] = []
         try:
             try:
-                fp = key_fingerprint(
-                    self._self_key is not None, ticket.key.value
-                )
+                fp = key_fingerprint(keyed, ticket.key.value)
                 with building(ticket):
                     client = await self.__wrapped__()
                 life.built(ticket, cast("T", client), fp, loop.time(), doomed)
             # What follows is reached by an exception injected between two
             # lines: tests/test_attack_lines.py cuts the build at each.
-            except asyncio.CancelledError:
-                if client is _NOTHING:
-                    life.failed(ticket, None)
-                raise
-            except BaseException as exc:
-                if client is _NOTHING:
+            except BaseException as exc:  # Cancelled: waiters retry.
+                if client is NOTHING:
                     life.failed(ticket, exc)
                 raise
             finally:
                 if not ticket.finished:
-                    self._settle(ticket, client, loop, doomed)
+                    settle(life, ticket, client, keyed, loop.time(), doomed)
         finally:
             try:
                 if not ticket.done.done():  # pragma: no branch -- injected.
                     ticket.done.set_result(None)
             finally:
                 await self._close(doomed)
-
-    def _settle(
-        self,
-        ticket: Ticket,
-        client: object,
-        loop: asyncio.AbstractEventLoop,
-        doomed: list[Record[T]],
-    ) -> None:
-        life = self._self_life
-        if client is _NOTHING:
-            error = sys.exc_info()[1]
-            cancelled = isinstance(error, asyncio.CancelledError)
-            life.failed(ticket, None if cancelled else error)
-        else:
-            fp = key_fingerprint(self._self_key is not None, ticket.key.value)
-            life.built(ticket, cast("T", client), fp, loop.time(), doomed)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         # Shielded: a caller cancelled mid-close must not leak the client.

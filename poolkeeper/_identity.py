@@ -74,13 +74,21 @@ class Identity(Generic[T]):
             *obj*.
         """
         token = object()
+        life = self._self_life
         # Pushed inside the try: a push cut short after it committed (a
         # KeyboardInterrupt while it arms the hit path) is still popped.
+        # Two layers: a pop cut short, or an exception at the inner
+        # finally's first line, is finished by the outer one (popping is
+        # idempotent).
         try:
-            self._self_life.push_override(token, obj)
-            yield obj
+            try:
+                life.push_override(token, obj)
+                yield obj
+            finally:
+                life.pop_override(token)
         finally:
-            self._self_life.pop_override(token)
+            if life.holds_override(token):
+                life.pop_override(token)
 
 
 def no_arguments(name: str, args: tuple[object, ...], kwargs: object) -> str:

@@ -501,9 +501,18 @@ class Lifecycle(Generic[T]):
 
     @_locked
     def pop_override(self, token: object) -> None:
-        """End the override named *token*, wherever it is in the stack."""
+        """End the override named *token*, wherever it is in the stack.
+
+        Idempotent. Disarms first: cut short before its commit, the
+        override is still there (``holds_override``) and a second pop ends
+        it; the hit path is never left armed with a popped stand-in.
+        """
         self._disarm()
         self.overrides = tuple(o for o in self.overrides if o[0] is not token)
+
+    def holds_override(self, token: object) -> bool:
+        """Whether the override named *token* is still pushed."""
+        return any(t is token for t, _ in self.overrides)
 
     # -- fork ---------------------------------------------------------------
 

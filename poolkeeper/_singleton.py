@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -21,6 +20,7 @@ import wrapt
 
 from poolkeeper import _registry, keys
 from poolkeeper._close import Closer, run_each
+from poolkeeper._drive import NOTHING, settle
 from poolkeeper._hit import arm_polled, switch
 from poolkeeper._identity import (
     Identity,
@@ -41,7 +41,6 @@ from poolkeeper._lifecycle import (
 )
 from poolkeeper._proxy import ClientProxy
 from poolkeeper._waits import building, waiting
-from poolkeeper.exceptions import PoolkeeperError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,8 +64,6 @@ log = logging.getLogger("poolkeeper")
 # A waiter re-checks its build this often, so a build whose wake-up was
 # cut short by an exception cannot strand it.
 _POLL = 0.05
-
-_NOTHING: Any = object()
 
 
 @final
@@ -117,7 +114,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         overrides = self._self_life.overrides
         if overrides:
             return cast("T", overrides[-1][1])
-        return self._acquire(_NOTHING).client
+        return self._acquire(NOTHING).client
 
     def _miss(self, value: object) -> T:
         # A polled hit path's miss, with the key value it read: the key is
@@ -203,13 +200,13 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                 # The epoch is read before the key: a change between the
                 # two keeps the hit path disarmed (see Lifecycle.request).
                 epoch = life.epoch
-                if value is _NOTHING:
+                if value is NOTHING:
                     key_hash, key = evaluate_key(
                         self._self_key, self._self_name
                     )
                 else:  # Read by the polled hit path, after the epoch.
                     key_hash, key = hash_key(value, self._self_name)
-                    value = _NOTHING
+                    value = NOTHING
             else:
                 # The builder is served what it built, if still live.
                 key_hash, key, built = built.key_hash, built.key.value, None
@@ -238,25 +235,25 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         # closed: each step below is repeated by the next layer if an
         # exception cut it short.
         life = self._self_life
-        client: object = _NOTHING
+        keyed = self._self_key is not None
+        client: object = NOTHING
         doomed: list[Record[T]] = []
         try:
             try:
-                fp = key_fingerprint(
-                    self._self_key is not None, ticket.key.value
-                )
+                fp = key_fingerprint(keyed, ticket.key.value)
                 with building(ticket):
                     client = self.__wrapped__()
                 life.built(ticket, client, fp, time.monotonic(), doomed)
             # What follows is reached by an exception injected between two
             # lines: tests/test_attack_lines.py cuts the build at each.
             except BaseException as exc:
-                if client is _NOTHING:
+                if client is NOTHING:
                     life.failed(ticket, exc)
                 raise
             finally:
                 if not ticket.finished:
-                    self._settle(ticket, client, doomed)
+                    now = time.monotonic()
+                    settle(life, ticket, client, keyed, now, doomed)
         finally:
             try:
                 ticket.done.set()
@@ -264,19 +261,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                 self._close(doomed)
         if ticket.record is not None:  # pragma: no branch -- injected.
             _log_built(self._self_name, ticket.record)
-
-    def _settle(
-        self, ticket: Ticket, client: object, doomed: list[Record[T]]
-    ) -> None:
-        life = self._self_life
-        if client is _NOTHING:
-            error = sys.exc_info()[1]
-            life.failed(
-                ticket, error or PoolkeeperError("The build was cut short.")
-            )
-        else:
-            fp = key_fingerprint(self._self_key is not None, ticket.key.value)
-            life.built(ticket, cast("T", client), fp, time.monotonic(), doomed)
 
     def _close(self, doomed: list[Record[T]]) -> None:
         run_each(functools.partial(self._self_closer.close, r) for r in doomed)

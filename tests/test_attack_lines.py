@@ -249,6 +249,42 @@ class TestOverrideCutShort:
         assert live is single()
         assert not single.statistics().is_overridden
 
+    @pytest.mark.parametrize("keyed", [False, True], ids=["no key", "polled"])
+    def test_pop_cut_at_every_line_still_ends_the_override(self, keyed):
+        """An exception at any line of the block's exit: the override ends.
+
+        The first pop may be cut between its disarm and its commit; the
+        exit's second layer pops again. Afterwards every call gets the live
+        client, armed or not.
+        """
+        fired_any = False
+        for n in range(1, 40):
+            key = (lambda: "k") if keyed else None
+            single = process_singleton(key=key)(FakeClient)
+            live = single()
+            single()
+            inject = Inject(n, KeyboardInterrupt)
+            block = single.override("stand-in")
+            assert "stand-in" == block.__enter__()
+            assert "stand-in" == single()
+            sys.settrace(inject.tracer)
+            try:
+                inject.armed = True
+                block.__exit__(None, None, None)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            if inject.fired is None:
+                break  # Past the exit's last line: every line was cut.
+            fired_any = True
+            assert not single.statistics().is_overridden, inject.fired
+            assert live is single(), inject.fired
+            assert live is single(), inject.fired
+        else:
+            pytest.fail("the exit ran more lines than the sweep covers")
+        assert fired_any
+
 
 async def _async_cut_at(n: int, exc: type[BaseException]) -> str | None:
     built: list[FakeClient] = []
