@@ -1,4 +1,4 @@
-"""Closing retired clients: one path for sync, async and cross-loop closes.
+"""Closing retired clients: one path for sync and async closes.
 
 A close runs with no lock held, exactly once per doomed record (the
 lifecycle hands each record out once). It uses ``close=`` when given, else
@@ -11,17 +11,17 @@ was closed: a close run on another thread's loop or on a helper thread
 hands it back to the caller instead of raising it there. A client that
 cannot be closed is reported where a user sees it: a WARNING log record
 and an :class:`UnclosedClientWarning` pointing at the user's code.
+
+Closing a client from code that may run on another thread or loop than the
+client's (``close_all()``, ``aclose_all()``) is in ``_close_anywhere``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import inspect
 import logging
 import sys
-import threading
 import warnings
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,21 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("poolkeeper")
 
-#: How long a close may take on another thread's loop before it is given up.
-CROSS_LOOP_CLOSE_SECONDS = 30.0
-
-# Distinct classes before Python 3.11, aliases of TimeoutError since.
-_TIMEOUTS = (
-    TimeoutError,
-    asyncio.TimeoutError,
-    concurrent.futures.TimeoutError,
-)
-
 # Frames of these modules are skipped when a warning names the user's code.
 _SKIPPED = ("poolkeeper", "contextlib", "asyncio", "threading", "concurrent")
-
-# Closes scheduled on a loop that was running this very thread's code.
-_scheduled: set[asyncio.Task[None]] = set()
 
 
 class Closer:
@@ -156,152 +143,6 @@ class Closer:
                 raise
         self._done(record)
 
-    def close_anywhere(self, record: Record[Any]) -> None:
-        """Close *record* from synchronous code, on its own loop if async.
-
-        Never raises an ``Exception``: what goes wrong is logged, counted.
-        """
-        try:
-            self._close_anywhere(record)
-        except Exception as exc:  # noqa: BLE001 -- logged and counted.
-            self.failed(record, exc)
-
-    def _owner(self, record: Record[Any]) -> asyncio.AbstractEventLoop | None:
-        """Return the open loop *record* closes on; else close or report it.
-
-        A sync client is closed here and now; a client whose loop is gone
-        is reported. Either way None is returned: nothing is left to do.
-        """
-        ref = record.slot.loop
-        if ref is None:
-            self.close(record)
-            return None
-        loop: asyncio.AbstractEventLoop | None = ref()
-        if loop is None or loop.is_closed():
-            self.unclosed(record, "its event loop is closed", _LOOP_HINT)
-            return None
-        return loop
-
-    def _close_anywhere(self, record: Record[Any]) -> None:
-        loop = self._owner(record)
-        if loop is None:
-            return
-        running = _running_loop()
-        if loop is running:
-            # Called synchronously from the client's own loop: it cannot be
-            # awaited here, so it runs as soon as control returns to it.
-            task = loop.create_task(self.aclose(record))
-            _scheduled.add(task)
-            task.add_done_callback(_scheduled.discard)
-            return
-        if loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(
-                self._carry(record), loop
-            )
-            try:
-                error = future.result(CROSS_LOOP_CLOSE_SECONDS)
-            except _TIMEOUTS:
-                future.cancel()
-                self._late(record)
-                return
-        elif running is None:
-            error = self._run_idle(record, loop)
-        else:
-            # An idle loop cannot run inside this thread's running loop.
-            error = self._on_helper_thread(record, loop)
-        self._raise(record, error)
-
-    async def aclose_anywhere(self, record: Record[Any]) -> None:
-        """Close *record* from a coroutine, on its own loop if async.
-
-        Never raises an ``Exception``: what goes wrong is logged, counted.
-        """
-        try:
-            await self._aclose_anywhere(record)
-        except Exception as exc:  # noqa: BLE001 -- logged and counted.
-            self.failed(record, exc)
-
-    async def _aclose_anywhere(self, record: Record[Any]) -> None:
-        loop = self._owner(record)
-        if loop is None:
-            return
-        if loop is asyncio.get_running_loop():
-            await self.aclose(record)
-            return
-        if loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(
-                self._carry(record), loop
-            )
-            waited: Any = asyncio.wrap_future(future)
-        else:
-            waited = asyncio.to_thread(self._run_idle, record, loop)
-        try:
-            error = await asyncio.wait_for(waited, CROSS_LOOP_CLOSE_SECONDS)
-        except _TIMEOUTS:
-            self._late(record)
-            return
-        self._raise(record, error)
-
-    def _raise(self, record: Record[Any], error: BaseException | None) -> None:
-        """Raise what :meth:`_carry` brought back, in the caller."""
-        if isinstance(error, asyncio.CancelledError):
-            # Cancelled on its own loop (which is ending): counted there,
-            # and no cancellation of the caller's.
-            self.unclosed(
-                record, "its close was cancelled on its event loop", "",
-                count=False,
-            )  # fmt: skip
-        elif error is not None:
-            raise error
-
-    async def _carry(self, record: Record[Any]) -> BaseException | None:
-        """Close *record* on its loop; return, not raise, what escapes.
-
-        Run for a caller on another thread: raised there, a
-        ``KeyboardInterrupt`` or ``SystemExit`` from the close hook would
-        stop that loop (asyncio lets them out of a task) and never reach
-        the caller. The caller raises it instead; it was counted already.
-        """
-        try:
-            await self.aclose(record)
-        except BaseException as exc:  # noqa: BLE001 -- the caller raises it.
-            return exc
-        return None
-
-    def _run_idle(
-        self, record: Record[Any], loop: asyncio.AbstractEventLoop
-    ) -> BaseException | None:
-        return loop.run_until_complete(self._carry(record))
-
-    def _on_helper_thread(
-        self, record: Record[Any], loop: asyncio.AbstractEventLoop
-    ) -> BaseException | None:
-        # What the close raised, or what running the loop raised: either
-        # way the caller raises it, once (see close_anywhere).
-        box: list[BaseException | None] = [None]
-
-        def run() -> None:
-            try:
-                box[0] = self._run_idle(record, loop)
-            except BaseException as exc:  # noqa: BLE001 -- raised by caller.
-                box[0] = exc
-
-        thread = threading.Thread(target=run, name="poolkeeper-close")
-        thread.start()
-        thread.join(CROSS_LOOP_CLOSE_SECONDS)
-        if thread.is_alive():
-            self._late(record)
-            return None
-        return box[0]
-
-    def _late(self, record: Record[Any]) -> None:
-        # Not counted here: the close given up on still counts its own
-        # outcome, when it ends or is cancelled, so counting it here too
-        # would count one client twice.
-        self.unclosed(
-            record, "its close did not finish in time", "", count=False
-        )
-
     def unclosed(
         self,
         record: Record[Any],
@@ -333,13 +174,6 @@ def _extra(name: str, record: Record[Any]) -> dict[str, object]:
         "poolkeeper_factory": name,
         "poolkeeper_generation": record.generation,
     }
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _user_level() -> int:

@@ -1,9 +1,11 @@
-"""process_singleton(): argument checks, then a (sync or async) singleton."""
+"""process_singleton(): its typed signatures, then a sync or async singleton.
+
+The checks of its arguments are in ``_options``.
+"""
 
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Callable, Coroutine
 from typing import (
     TYPE_CHECKING,
@@ -19,8 +21,8 @@ from typing import (
 )
 
 from poolkeeper._async import AsyncProcessSingleton
+from poolkeeper._options import check_factory, check_key, check_options
 from poolkeeper._singleton import ProcessSingleton, make
-from poolkeeper.keys import EnvKey, KeyTuple
 
 T = TypeVar("T")
 # The client type a close= or after_fork= hook accepts: a hook for a wider
@@ -188,13 +190,13 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             f"the options are {', '.join(_OPTIONS)}."
         )
         raise TypeError(msg)
-    combined_key = _check_key(key)
-    _check_options(close, after_fork, fork, min_rebuild_interval)
+    combined_key = check_key(key)
+    check_options(close, after_fork, fork, min_rebuild_interval)
 
     def decorate(
         factory: Callable[[], Any],
     ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
-        if _check_factory(factory):
+        if check_factory(factory):
             # A class of its own: its __call__ is the armed hit path.
             own: type[AsyncProcessSingleton[Any]] = type(
                 AsyncProcessSingleton.__name__,
@@ -221,115 +223,3 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     if factory is None:
         return cast("_Decorator", decorate)
     return decorate(factory)
-
-
-def _check_options(
-    close: object, after_fork: object, fork: object, interval: object
-) -> None:
-    # Typed as object: these checks are for callers without a type checker.
-    for option, hook in (("close", close), ("after_fork", after_fork)):
-        if hook is not None and not callable(hook):
-            msg = (
-                f"process_singleton({option}=...) must be a callable taking "
-                f"the client, got {type(hook).__name__}."
-            )
-            raise TypeError(msg)
-    if fork not in ("rebuild", "keep"):
-        msg = (
-            f"process_singleton(fork=...) must be 'rebuild' or 'keep', "
-            f"got {fork!r}."
-        )
-        raise ValueError(msg)
-    if (
-        isinstance(interval, bool)
-        or not isinstance(interval, (int, float))
-        or not interval >= 0
-    ):
-        msg = (
-            "process_singleton(min_rebuild_interval=...) must be a number "
-            f"of seconds >= 0, got {interval!r}."
-        )
-        raise ValueError(msg)
-
-
-def _check_key(key: object) -> Callable[[], object] | None:
-    if key is None:
-        return None
-    parts = cast(
-        "tuple[object, ...]", key if isinstance(key, tuple) else (key,)
-    )
-    if not parts:
-        msg = "process_singleton(key=()) needs at least one key function."
-        raise TypeError(msg)
-    for part in parts:
-        if not callable(part):
-            msg = (
-                "process_singleton(key=...) takes a function returning the "
-                "configuration's key, or a tuple of such functions, got "
-                f"{type(part).__name__}; for environment variables use "
-                "poolkeeper.keys.env('NAME', ...)."
-            )
-            raise TypeError(msg)
-    if len(parts) == 1:
-        return cast("Callable[[], object]", parts[0])
-    return _combine(cast("tuple[Callable[[], object], ...]", parts))
-
-
-def _check_factory(factory: object) -> bool:
-    """Check *factory*; return whether it is an ``async def`` one."""
-    if not callable(factory):
-        msg = (
-            "@process_singleton decorates a function that builds the "
-            f"client, got a {type(factory).__name__}."
-        )
-        raise TypeError(msg)
-    name = getattr(factory, "__qualname__", repr(factory))
-    if inspect.isasyncgenfunction(factory):
-        msg = (
-            f"{name} is an async generator; a singleton factory returns "
-            "the client: use `async def` with `return`."
-        )
-        raise TypeError(msg)
-    if inspect.isgeneratorfunction(factory):
-        msg = (
-            f"{name} is a generator function; a singleton factory returns "
-            "the client: use `return`, not `yield`, and pass close= to "
-            "say how a retired client is closed."
-        )
-        raise TypeError(msg)
-    is_async = inspect.iscoroutinefunction(factory)
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return is_async  # Builtins without a signature: trust the caller.
-    required = [
-        p.name
-        for p in signature.parameters.values()
-        if p.default is p.empty
-        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if required:
-        msg = (
-            f"{name} takes required parameters ({', '.join(required)}), but "
-            "a singleton factory is called with none; read the "
-            "configuration inside it (and key on it), or bind it with "
-            "functools.partial."
-        )
-        raise TypeError(msg)
-    return is_async
-
-
-def _combine(
-    parts: tuple[Callable[[], object], ...],
-) -> Callable[[], object]:
-    """Combine key functions into one returning a tuple of their values.
-
-    Environment keys alone merge into one ``keys.env`` key; any other mix
-    is a :class:`~poolkeeper.keys.KeyTuple`, pushed when every part is.
-    """
-    env_parts = [p for p in parts if isinstance(p, EnvKey)]
-    if len(env_parts) == len(parts):
-        return EnvKey(
-            tuple(dict.fromkeys(n for p in env_parts for n in p.names))
-        )
-    return KeyTuple(parts)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from poolkeeper import _waits
 from poolkeeper._close import arun_each, run_each
+from poolkeeper._close_anywhere import aclose_anywhere, close_anywhere
 from poolkeeper._lifecycle import ClientState
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
 
 def _close(entries: list[Entry]) -> None:
     run_each(
-        functools.partial(closer.close_anywhere, record)
+        functools.partial(close_anywhere, closer, record)
         for record, closer in _detach(entries)
     )
 
@@ -175,7 +176,7 @@ async def aclose_all() -> None:
     """
     with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
     await arun_each(
-        functools.partial(closer.aclose_anywhere, record)
+        functools.partial(aclose_anywhere, closer, record)
         for record, closer in _detach(entries)
     )
 
