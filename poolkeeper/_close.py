@@ -61,22 +61,32 @@ class Closer:
         name = self.life.name
         try:
             run = self._resolve(record.client)
-            if run is None:
-                log.debug(
-                    "The retired %s client (generation %d) has no close(); "
-                    "dropping it.",
-                    name,
-                    record.generation,
-                    extra=_extra(name, record),
-                )
-                return False, None
-            return True, run()
+            if run is not None:
+                # Claimed from the lifecycle's owed closes and called on one
+                # line: a close cut short before it began is still owed
+                # (close_all() does it), and one another close took is not
+                # run twice.
+                return (True, run()) if self.life.claim(record) else (False, None)  # noqa: E501  # fmt: skip
+            claimed = self.life.claim(record)
         except Exception as exc:  # noqa: BLE001 -- logged, counted, not raised.
+            self.life.claim(record)  # Failed: no longer owed.
             self.failed(record, exc)
             return False, None
         except BaseException:
-            self.life.closed(ok=False)
+            # Counted if it was this close's to run: one cut short before
+            # its claim is still owed, and counted when it runs.
+            if not self.life.owes(record):
+                self.life.closed(ok=False)
             raise
+        if claimed:
+            log.debug(
+                "The retired %s client (generation %d) has no close(); "
+                "dropping it.",
+                name,
+                record.generation,
+                extra=_extra(name, record),
+            )
+        return False, None
 
     def _resolve(self, client: object) -> Callable[[], object] | None:
         if self.hook is not None:
@@ -152,6 +162,7 @@ class Closer:
         count: bool = True,
     ) -> None:
         """Count (unless told not to) and report a client left unclosed."""
+        self.life.claim(record)  # No longer owed: it cannot be closed.
         if count:
             self.life.closed(ok=False)
         message = (

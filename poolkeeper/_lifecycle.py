@@ -140,6 +140,10 @@ class Lifecycle(Generic[T]):
         # Bumped by every change of a watched environment variable.
         self.epoch = 0
         self.fork_errors: list[BaseException] = []
+        # Closes decided but not started: a close claims its record first
+        # (see claim), so one cut short before it began is still owed, and
+        # close_all() does it.
+        self.owed: tuple[Record[Any], ...] = ()
         self._zero()
 
     # The switch is a class attribute store (a stop-the-world update on
@@ -219,9 +223,8 @@ class Lifecycle(Generic[T]):
             record.state = ClientState.CLOSED
         if self.slots.get(slot.key) is slot:
             del self.slots[slot.key]
-        slot.live, slot.retired, slot.dropped, doomed[:] = (
-            None, (), True, close,
-        )  # fmt: skip
+        owed = (*self.owed, *close)
+        slot.live, slot.retired, slot.dropped, doomed[:], self.owed = None, (), True, close, owed  # noqa: E501  # fmt: skip
 
     # -- calls --------------------------------------------------------------
 
@@ -278,21 +281,15 @@ class Lifecycle(Generic[T]):
             # client goes unused, and is closed unless the factory returned
             # an object live in another slot, which keeps it.
             out = [] if self._shared(new, self._holders()) else [new]
-            (new.state, slot.build, ticket.finished, doomed[:]) = (
-                ClientState.CLOSED, build, True, out,
-            )  # fmt: skip
+            owed, closed = (*self.owed, *out), ClientState.CLOSED
+            new.state, slot.build, ticket.finished, doomed[:], self.owed = closed, build, True, out, owed  # noqa: E501  # fmt: skip
             return
         old = slot.live
         retired, out, state, box = self._retire(slot, old, keep=new)
-        (
-            slot.live, slot.build, slot.built_at, slot.retired,
-            box.state, self.generation, self.builds, ticket.record,
-            ticket.finished, doomed[:],
-        ) = (
-            new, build, now, retired,
-            state, new.generation, self.builds + 1, new,
-            True, out,
-        )  # fmt: skip
+        owed, builds = (*self.owed, *out), self.builds + 1
+        # One statement, its targets on one line: a tracer's line event
+        # comes at each target's line, so none may land between stores.
+        slot.live, slot.build, slot.built_at, slot.retired, box.state, self.generation, self.builds, ticket.record, ticket.finished, doomed[:], self.owed = new, build, now, retired, state, new.generation, builds, new, True, out, owed  # noqa: E501  # fmt: skip
 
     @_locked
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
@@ -346,9 +343,9 @@ class Lifecycle(Generic[T]):
             record.leases = leases
             return
         retired, close = self._last_lease(record)
-        (record.leases, record.state, record.slot.retired, doomed[:]) = (
-            0, ClientState.CLOSED, retired, [] if close is None else [close],
-        )  # fmt: skip
+        out = [] if close is None else [close]
+        r, owed, closed = record, (*self.owed, *out), ClientState.CLOSED
+        r.leases, r.state, r.slot.retired, doomed[:], self.owed = 0, closed, retired, out, owed  # noqa: E501  # fmt: skip
 
     # The sync lease's transitions. Its fast paths pin and unpin inline
     # (see _lease.py): a count under this lock, committed in one statement
@@ -390,7 +387,8 @@ class Lifecycle(Generic[T]):
         # The targets share one line: each store is a line event of its own
         # target's line, and no exception may land between them.
         r, closed = record, ClientState.CLOSED
-        r.leases, r.state, r.slot.retired, lease.pin, lease.doomed = 0, closed, retired, DONE, close  # noqa: E501  # fmt: skip
+        owed = self.owed if close is None else (*self.owed, close)
+        r.leases, r.state, r.slot.retired, lease.pin, lease.doomed, self.owed = 0, closed, retired, DONE, close, owed  # noqa: E501  # fmt: skip
 
     def _last_lease(
         self, record: Record[T]
@@ -415,9 +413,8 @@ class Lifecycle(Generic[T]):
             return False
         self._disarm()
         retired, out, state, box = self._retire(slot, live, keep=None)
-        (slot.live, slot.retired, box.state, doomed[:]) = (
-            None, retired, state, out,
-        )  # fmt: skip
+        owed = (*self.owed, *out)
+        slot.live, slot.retired, box.state, doomed[:], self.owed = None, retired, state, out, owed  # noqa: E501  # fmt: skip
         return True
 
     @_locked
@@ -430,9 +427,24 @@ class Lifecycle(Generic[T]):
             if live is None:
                 continue
             retired, more, state, box = self._retire(slot, live, None)
-            slot.live, slot.retired, box.state = None, retired, state
+            owed = (*self.owed, *more)
+            slot.live, slot.retired, box.state, self.owed = None, retired, state, owed  # noqa: E501  # fmt: skip
             out.extend(more)
         doomed[:] = out
+
+    @_locked
+    def claim(self, record: Record[Any]) -> bool:
+        """Take *record*'s owed close; False if another close took it."""
+        owed = self.owed
+        rest = tuple(r for r in owed if r is not record)
+        if len(rest) == len(owed):
+            return False
+        # One line: no exception lands between taking it and saying so.
+        self.owed = rest; return True  # noqa: E702  # fmt: skip
+
+    def owes(self, record: Record[Any]) -> bool:
+        """Whether *record*'s close is owed: decided, not yet claimed."""
+        return any(r is record for r in self.owed)
 
     @_locked
     def closed(self, *, ok: bool) -> None:
@@ -525,6 +537,7 @@ class Lifecycle(Generic[T]):
         self.lock = threading.RLock()
         self.switch(None)
         self.armed = None
+        self.owed = ()  # The parent's to close, never the child's.
         for slot in self.slots.values():
             slot.build = None
         if keep:

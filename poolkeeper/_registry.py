@@ -124,8 +124,12 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
         out: list[Record[Any]] = []
         if entry.prune is not None:
             entry.prune(out)
-            doomed.extend((record, entry.closer) for record in out)
-        entry.life.detach(out)
+        more: list[Record[Any]] = []
+        entry.life.detach(more)
+        out.extend(more)
+        # With the closes owed from before: decided, then cut short before
+        # they began (each close claims its record, so none runs twice).
+        out.extend(r for r in entry.life.owed if all(r is not o for o in out))
         doomed.extend((record, entry.closer) for record in out)
     doomed.sort(key=lambda pair: pair[0].sequence, reverse=True)
     return doomed

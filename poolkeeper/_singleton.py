@@ -263,7 +263,13 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             _log_built(self._self_name, ticket.record)
 
     def _close(self, doomed: list[Record[T]]) -> None:
-        run_each(functools.partial(self._self_closer.close, r) for r in doomed)
+        # With any close owed from before (decided, then cut short before
+        # it began): each close claims its record, so none runs twice.
+        owed = [
+            r for r in self._self_life.owed if all(r is not d for d in doomed)
+        ]
+        close = self._self_closer.close
+        run_each(functools.partial(close, r) for r in (*doomed, *owed))
 
     # -- retirement ---------------------------------------------------------
 

@@ -8,16 +8,16 @@ the live one or was closed exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
+import os
 import sys
 import threading
 
 import pytest
-from attack import Inject, join, run
+from attack import Inject, join, no_collector, run
 from helpers import WAIT, Factory, FakeClient, blocked_in
 
-from poolkeeper import process_singleton
+from poolkeeper import close_all, process_singleton
+from poolkeeper._close import Closer
 
 
 class Custom(BaseException):
@@ -318,21 +318,6 @@ async def _async_cut_at(n: int, exc: type[BaseException]) -> str | None:
     return inject.fired
 
 
-@contextlib.contextmanager
-def no_collector():
-    """Keep the collector from running finalizers under the injector.
-
-    A singleton dropped by an earlier cut is closed by a finalizer; run
-    under the tracer, it would take the exception meant for the build.
-    Collections run outside: the sweep's cycles are not worth one each.
-    """
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def sweep(cut, exc) -> int:
     """Cut at line 1, 2, ... until the build runs out of lines."""
     for n in range(1, 1000):
@@ -348,3 +333,75 @@ class TestEveryLine:
     def test_async(self, exc):
         """A task's build cut at each line after its factory returned."""
         assert sweep(lambda n, e: asyncio.run(_async_cut_at(n, e)), exc) > 10
+
+
+def _close_once_raises(monkeypatch, exc: type[BaseException]) -> None:
+    """The next close raises *exc* before it begins (as a signal could)."""
+    original = Closer.close
+    raised: list[bool] = []
+
+    def close(self, record):
+        if not raised:
+            raised.append(True)
+            raise exc
+        return original(self, record)
+
+    monkeypatch.setattr(Closer, "close", close)
+
+
+def _interrupted_reset(monkeypatch, exc: type[BaseException]):
+    """A built singleton whose reset() raised *exc* before its close began."""
+    single = process_singleton(FakeClient)
+    client = single()
+    _close_once_raises(monkeypatch, exc)
+    with pytest.raises(exc):
+        single.reset()
+    assert not client.closed
+    return single, client
+
+
+class TestCloseCutShortBeforeItBegan:
+    """A close decided, then cut short before its hook ran, is still owed."""
+
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, Custom])
+    def test_close_all_does_it_once(self, exc, monkeypatch):
+        """reset() interrupted before its close: close_all() closes it."""
+        single, client = _interrupted_reset(monkeypatch, exc)
+        assert single._self_life.owes(single._self_life.owed[0])
+        close_all()
+        close_all()
+        assert client.closed
+        stats = single.statistics()
+        assert (1, 0) == (stats.closes, stats.close_failures)
+
+    def test_the_next_close_of_the_singleton_does_it(self, monkeypatch):
+        """A sync singleton's next close finishes what was owed first."""
+        single, first = _interrupted_reset(monkeypatch, KeyboardInterrupt)
+        second = single()  # Its build's close step does the owed one.
+        assert first.closed
+        single.reset()
+        assert second.closed
+        assert [os.getpid()] == first.closes
+        assert 2 == single.statistics().closes
+
+    def test_a_forked_child_never_does_the_parents(self, monkeypatch):
+        """What the parent owed is the parent's: the child closes none."""
+        if not hasattr(os, "fork"):
+            pytest.skip("needs os.fork")
+        single, client = _interrupted_reset(monkeypatch, KeyboardInterrupt)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover -- the child reports by exit code.
+            code = 1
+            try:
+                close_all()
+                code = (
+                    0
+                    if not client.closed and not single._self_life.owed
+                    else 2
+                )
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert 0 == os.waitstatus_to_exitcode(status)
+        close_all()
+        assert client.closed

@@ -15,7 +15,18 @@ from poolkeeper import close_all, process_singleton
 
 #: Functions of the close path (poolkeeper/_close.py, and the counter it
 #: reports to): an exception there propagates, by the close path's contract.
-CLOSE_PATH = {"close", "_start", "_resolve", "_done", "closed", "_extra"}
+CLOSE_PATH = {
+    "close",
+    "_start",
+    "_resolve",
+    "_done",
+    "closed",
+    "_extra",
+    "run",
+    "claim",
+    "owes",
+    "<genexpr>",
+}
 
 #: The lines ``__exit__`` opens with, before any statement of it runs.
 OPENING = ("try:", "try:")
@@ -116,8 +127,13 @@ def _cut_exit(n, exc, *, retired):
     in_close = where in CLOSE_PATH
     expected = (0,) if not retired else (0, 1) if in_close else (1,)
     assert len(client.closes) in expected, inject.fired
+    # The next close of this singleton does a close that was cut short
+    # before it began (still owed); none runs twice. An Exception in the
+    # close path before the hook ran is that close's failure: counted, and
+    # the client dropped.
     single.reset()
-    assert len(client.closes) <= 1
+    failures = single.statistics().close_failures
+    assert 1 == len(client.closes) + failures, inject.fired
     return inject.fired
 
 

@@ -124,6 +124,9 @@ class LifecycleRules(RuleBasedStateMachine):
         for record in doomed:
             assert ClientState.CLOSED is record.state
             assert record.client not in self.abandoned
+            # Owed once: the first claim takes it, a second finds nothing.
+            assert self.life.claim(record)
+            assert not self.life.claim(record)
             record.client.closes += 1
             self.closes += 1
             self.life.closed(ok=True)
@@ -333,6 +336,11 @@ class LifecycleRules(RuleBasedStateMachine):
         assert all(0 == c.closes for c in self.abandoned)
 
     @invariant()
+    def nothing_is_owed_between_steps(self) -> None:
+        """Every close a transition decided was claimed by its driver."""
+        assert () == self.life.owed
+
+    @invariant()
     def live_and_leased_clients_are_open(self) -> None:
         """A live or retired (leased) client is never closed."""
         for slot in self.life.slots.values():
@@ -488,6 +496,7 @@ def _run_program(machine: type[LifecycleRules], program: bytes) -> int:
     """
     m = machine()
     checks = (
+        m.nothing_is_owed_between_steps,
         m.each_client_closed_at_most_once,
         m.live_and_leased_clients_are_open,
         m.armed_only_with_what_a_call_would_get,
