@@ -1,18 +1,21 @@
 """Instructions per hit, counted by ``valgrind --tool=callgrind``.
 
-Wall-clock ratios move with the machine; instruction counts do not. For
-each hit below this script runs a child Python under callgrind twice, once
-with no calls and once with ``--calls`` calls in a loop, and divides the
-difference in instructions by the number of calls. The loop's own cost is
-counted the same way (a loop calling nothing) and subtracted, so a row is
-what one call costs, and its ratio is to a ``functools.cache`` hit counted
-the same way.
+Wall-clock ratios move with the machine; instruction counts do not. Each
+row runs a child Python under callgrind twice, with ``--calls`` and with
+twice as many calls, collecting only inside the C function that drives the
+calls (``--toggle-collect``): ``deque_extend`` consuming an
+``itertools.starmap`` of the call for sync rows, the task step
+(``task_step_impl``) that runs a coroutine's whole loop of awaits for async
+rows. The difference, divided by ``--calls``, is one call's cost, start-up
+and set-up excluded; every row of a kind pays the same driving overhead,
+so a row's ratio is to its baseline measured the same way.
 
 Rows: a ``functools.cache`` hit; a built singleton's hit with no key,
 ``keys.env``, ``keys.file``, ``(keys.env, keys.file)``, a polled callable
 key, and ``poolkeeper_daytona.daytona_client()`` (when the adapter is
 installed); ``with single.lease():``; ``await single()`` of an async
 singleton, and awaiting a plain ``async def`` (the async rows' baseline).
+The C function names are CPython 3.11's (they may differ elsewhere).
 
 Needs ``valgrind`` (Debian's package). Run it from the repository root::
 
@@ -21,9 +24,7 @@ Needs ``valgrind`` (Debian's package). Run it from the repository root::
     .venv/bin/python benchmarks/callgrind_hits.py --row "no key" --row keys.env
 
 (The ``daytona_client()`` row imports the SDK under callgrind: most of the
-run.)
-
-It is a report, not a test: it exits 0 whatever the numbers (1 if
+run.) It is a report, not a test: it exits 0 whatever the numbers (1 if
 valgrind is missing).
 """
 
@@ -31,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import functools
+import itertools
 import json
 import os
 import re
@@ -131,17 +134,15 @@ def _child(row: str, calls: int, scratch: Path) -> None:
     if row.startswith("await"):
         _async_run(row, calls)
         return
-    if row == "loop":
-        for _ in range(calls):
-            pass
-        return
     call = _sync_call(row, scratch)
     if call is None:
         sys.exit(3)  # Not installed: no row.
     call()
     call()
-    for _ in range(calls):
-        call()
+    # Collected inside deque_extend only: the calls, and their driving.
+    collections.deque(
+        itertools.starmap(call, itertools.repeat((), calls)), maxlen=0
+    )
 
 
 def _count(row: str, calls: int, scratch: Path) -> int | None:
@@ -151,6 +152,10 @@ def _count(row: str, calls: int, scratch: Path) -> int | None:
         [  # noqa: S607 -- valgrind from PATH, checked in main().
             "valgrind",
             "--tool=callgrind",
+            "--toggle-collect="
+            + (
+                "task_step_impl" if row.startswith("await") else "deque_extend"
+            ),
             f"--callgrind-out-file={out}",
             sys.executable,
             __file__,
@@ -178,8 +183,8 @@ def _count(row: str, calls: int, scratch: Path) -> int | None:
 
 
 def _per_call(row: str, calls: int, scratch: Path) -> float | None:
-    high = _count(row, calls, scratch)
-    low = _count(row, 0, scratch)
+    high = _count(row, 2 * calls, scratch)
+    low = _count(row, calls, scratch)
     if high is None or low is None:
         return None
     return (high - low) / calls
@@ -189,16 +194,12 @@ def _measure(rows: set[str], calls: int) -> dict[str, float]:
     """Instructions per call of each row in *rows* (absent: not installed)."""
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        loop = _per_call("loop", calls, scratch)
-        assert loop is not None
-        # The async rows' loop is part of their baseline row: not subtracted.
         costs: dict[str, float] = {}
         for row, _ in ROWS:
             if row in rows:
                 cost = _per_call(row, calls, scratch)
                 if cost is not None:
-                    sync = not row.startswith("await")
-                    costs[row] = cost - (loop if sync else 0)
+                    costs[row] = cost
     return costs
 
 
@@ -223,7 +224,7 @@ def _report(costs: dict[str, float], calls: int, *, markdown: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--calls", type=int, default=2_000)
     parser.add_argument(
         "--row",
         action="append",
