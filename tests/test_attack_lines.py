@@ -267,6 +267,8 @@ class TestOverrideCutShort:
             block = single.override("stand-in")
             assert "stand-in" == block.__enter__()
             assert "stand-in" == single()
+            # Coverage traces this thread too: put its tracer back after.
+            previous = sys.gettrace()
             sys.settrace(inject.tracer)
             try:
                 inject.armed = True
@@ -274,7 +276,7 @@ class TestOverrideCutShort:
             except KeyboardInterrupt:
                 pass
             finally:
-                sys.settrace(None)
+                sys.settrace(previous)
             if inject.fired is None:
                 break  # Past the exit's last line: every line was cut.
             fired_any = True
@@ -301,12 +303,14 @@ async def _async_cut_at(n: int, exc: type[BaseException]) -> str | None:
     tasks = [asyncio.ensure_future(single()) for _ in range(3)]
     await asyncio.sleep(0)
     with no_collector():
+        # Coverage traces this thread too: put its tracer back after.
+        previous = sys.gettrace()
         sys.settrace(inject.tracer)
         try:
             gate.set()
             _, pending = await asyncio.wait(tasks, timeout=WAIT)
         finally:
-            sys.settrace(None)
+            sys.settrace(previous)
     assert not pending, "a caller hung"
     live = await asyncio.wait_for(single(), WAIT)
     assert all(s.build is None for s in single._self_life.slots.values())

@@ -43,6 +43,8 @@ def traced(inject: Inject, step):
     gc.disable()
 
     def main():
+        # Coverage traces this thread too: put its tracer back after.
+        previous = sys.gettrace()
         sys.settrace(inject.tracer)
         inject.armed = True
         try:
@@ -52,7 +54,7 @@ def traced(inject: Inject, step):
         else:
             box.append(None)
         finally:
-            sys.settrace(None)
+            sys.settrace(previous)
 
     thread = threading.Thread(target=main)
     try:
@@ -186,11 +188,13 @@ class TestLeaseUnderInjectedExceptions:
 
             return line
 
+        # Coverage traces this thread too: put its tracer back after.
+        previous = sys.gettrace()
         sys.settrace(tracer)
         try:
             lease.__exit__(None, None, None)
         finally:
-            sys.settrace(None)
+            sys.settrace(previous)
         assert list(OPENING) == seen[: len(OPENING)]
         assert "try:" not in seen[len(OPENING) :]
         assert 0 == single.statistics().leases
