@@ -5,7 +5,11 @@
 
 PYTHON ?= python3
 # Lowest branch coverage of the core (forked children counted) that passes.
-COVERAGE_MIN ?= 98
+# 97, not 98: the recovery lines that only an exception injected with
+# sys.settrace reaches (tests/test_attack_lines.py, test_lease.py,
+# test_guarantees.py) run while the injector, not coverage, traces the
+# thread, so coverage cannot see them on CPython 3.11 (measured: 97.5 %).
+COVERAGE_MIN ?= 97
 # The CPython versions CI runs on; an absent interpreter is skipped with a
 # line saying so. Each needs $(PYENV_ROOT)/versions/<version>/bin/python.
 PYENV_ROOT ?= $(HOME)/.pyenv
