@@ -13,9 +13,12 @@ so a row's ratio is to its baseline measured the same way.
 Rows: a ``functools.cache`` hit; a built singleton's hit with no key,
 ``keys.env``, ``keys.file``, ``(keys.env, keys.file)``, a polled callable
 key, and ``poolkeeper_daytona.daytona_client()`` (when the adapter is
-installed); ``with single.lease():``; ``await single()`` of an async
-singleton, and awaiting a plain ``async def`` (the async rows' baseline).
-The C function names are CPython 3.11's (they may differ elsewhere).
+installed); ``with single.lease():`` (inside a function, whose own call,
+about 400 instructions, the row includes); ``await single()`` of an async
+singleton, and awaiting a plain ``async def`` (the async rows' baseline);
+a write of a new value to an environment variable one armed ``keys.env``
+singleton watches, against the same write through ``os.environ``'s own
+class. The C function names are CPython 3.11's (they may differ elsewhere).
 
 Needs ``valgrind`` (Debian's package). Run it from the repository root::
 
@@ -64,6 +67,8 @@ ROWS = (
     ("await async def (baseline)", None),
     ("await single(), no key", "await async def (baseline)"),
     ("await single(), keys.env", "await async def (baseline)"),
+    ("os.environ write (no watcher)", None),
+    ("watched os.environ write", "os.environ write (no watcher)"),
 )
 
 
@@ -95,6 +100,8 @@ def _sync_call(row: str, scratch: Path) -> Callable[[], object] | None:
         "(keys.env, keys.file)": (keys.env(ENV), keys.file(key_file)),
         "polled callable": lambda: os.environ[ENV],
     }
+    if row in {"os.environ write (no watcher)", "watched os.environ write"}:
+        return _env_write(row, watched=row.startswith("watched"))
     if row == "with single.lease()":
         leased = process_singleton(factory)
 
@@ -104,6 +111,32 @@ def _sync_call(row: str, scratch: Path) -> Callable[[], object] | None:
 
         return lease
     return process_singleton(key=kinds[row])(factory)  # type: ignore[arg-type]
+
+
+def _env_write(row: str, *, watched: bool) -> Callable[[], object]:
+    """A write of a new value: watched by one armed singleton, or not."""
+    from poolkeeper import keys, process_singleton
+
+    single = process_singleton(key=keys.env(ENV))(object)
+    single()
+    single()
+    environ = os.environ
+    values = itertools.cycle(("a", "b"))
+    if watched:
+
+        def write() -> object:
+            environ[ENV] = next(values)
+            return single
+
+        return write
+    # The base class's own __setitem__: the write without the watching.
+    store = type(environ).__mro__[1].__setitem__
+
+    def plain() -> object:
+        store(environ, ENV, next(values))
+        return row
+
+    return plain
 
 
 def _async_run(row: str, calls: int) -> None:

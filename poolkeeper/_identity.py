@@ -37,6 +37,14 @@ class Identity(Generic[T]):
     _self_name: str
     _self_life: Lifecycle[Any]
 
+    # wrapt's C proxy defines __getattr__, so every attribute read on a
+    # subclass goes through CPython's generic hook, which calls wrapt's
+    # __getattribute__ as a method (a bound wrapper made per read, about
+    # 1,000 instructions). That __getattribute__ does what object's does,
+    # then falls back to __getattr__, as the hook does itself: with
+    # object's here, the hook reads the attribute directly.
+    __getattribute__ = object.__getattribute__
+
     def __hash__(self) -> int:
         """Hash by identity."""
         return object.__hash__(self)

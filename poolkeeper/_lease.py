@@ -5,15 +5,26 @@ on it ends. Leases are taken around every unit of work, so they are built
 for speed: making one runs no Python code (each singleton has its own
 :class:`Lease` subclass that carries what its leases need, and its
 ``lease`` attribute is that class), entering one is a hit (no Python frame
-while the hit path is armed) plus one pin under the lifecycle's lock, and
-exiting one is one unpin under that lock. Four Python frames in all:
-``__enter__``, ``Lifecycle.pin``, ``__exit__``, ``Lifecycle.unpin``
-(tests/test_hit_frames.py counts them).
+while the hit path is armed) plus one pin, and exiting one is one unpin.
+Two Python frames in all, ``__enter__`` and ``__exit__``
+(tests/test_hit_frames.py counts them), and no lock.
+
+A pin is the lease's entry in its record's ``pins``, added on the line
+that records it in the lease, and then checked against the record's
+``open`` flag, which every transition that may retire the record clears
+before it reads the pins. Under the GIL, stores and loads happen in one
+order, so either the pin finds the record open and its retirement sees
+the pin (and leaves the close to the last lease), or the pin finds the
+record closed and ends itself under the lock. An unpin removes the entry,
+then reads the flag the same way: open, and the retirement will not see
+it; closed, and the lock decides who closes. Without the GIL (free-
+threaded builds, where ``sys._is_gil_enabled()`` is false), both steps
+take the lifecycle's lock instead.
 
 An exception may land at any line (a signal handler's
-``KeyboardInterrupt``): a pin is recorded in the lease in the statement
-that counts it, ``__enter__`` ends a pin it cannot return, and each step
-of ``__exit__`` is repeated by the next layer if it was cut short; every
+``KeyboardInterrupt``): no line that adds or removes a pin calls
+anything, ``__enter__`` ends a pin it cannot return, and each step of
+``__exit__`` is repeated by the next layer if it was cut short; every
 step is idempotent, so none runs twice.
 """
 
@@ -26,7 +37,6 @@ from poolkeeper._identity import too_many_rounds
 from poolkeeper._lifecycle import (
     DONE,
     MAX_ROUNDS,
-    ClientState,
     Ended,
     Record,
 )
@@ -39,9 +49,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_LIVE = ClientState.LIVE
-_RETIRED = ClientState.RETIRED
-
 
 class Lease(Generic[T]):
     """A lease of one singleton's live client; enter it once.
@@ -53,11 +60,15 @@ class Lease(Generic[T]):
     """
 
     # Set on each singleton's own subclass (see lease_class).
-    _ref: ClassVar[weakref.ReferenceType[Any]]
     _life: ClassVar[Lifecycle[Any]]
     _slot: ClassVar[Slot]
     _closer: ClassVar[Closer]
     _name: ClassVar[str]
+    # What the fast path reads, in one tuple: a class attribute read
+    # through an instance costs a dictionary miss and a type lookup.
+    _hot: ClassVar[
+        tuple[weakref.ReferenceType[Any], Slot, Lifecycle[Any], bool]
+    ]
 
     # The instance's state, defaults on the class so that making a lease
     # stores nothing: pin is None until entered, then the pinned record,
@@ -68,25 +79,31 @@ class Lease(Generic[T]):
 
     def __enter__(self) -> T:
         """Pin the live client (building it if needed) and return it."""
-        life = self._life
-        single: Callable[[], T] | None = self._ref()
+        ref, slot, life, lock_free = self._hot
+        single: Callable[[], T] | None = ref()
         try:
-            if self.pin is None and single is not None and not life.overrides:
+            if (
+                lock_free
+                and single is not None
+                and not life.overrides
+                and self.pin is None
+            ):
                 # The hit path (armed: no Python frame), then pin the live
                 # record if it still holds what the call returned.
                 client = single()
-                record = self._slot.live
+                record = slot.live
                 if record is not None and record.client is client:
-                    lock = life.lock
-                    # One line, so no exception lands inside it: the count
-                    # and the lease's record of it commit together. A with
-                    # statement, not acquire() and release() calls: CPython
-                    # runs signal handlers after calls, so one could raise
-                    # between an acquire() and its release(); after the
-                    # with's own entry, the exit always runs.
-                    with lock: ok = record is self._slot.live and record.state is _LIVE; record.leases += ok; self.pin = record if ok else None  # noqa: E501, E701, E702  # fmt: skip
-                    if ok:
+                    # One line that calls nothing (CPython runs signal
+                    # handlers after calls): the pin and the lease's record
+                    # of it, together (doomed too, on the instance: quicker
+                    # to read there). Then the flag, read after the store.
+                    self.pin = record; self.doomed = None; record.pins[self] = None  # noqa: E501, E702  # fmt: skip
+                    if record.open:
                         return client
+                    # Being retired: end the pin (closing the record if
+                    # its retirement saw this pin), then the slow path.
+                    self._finish()
+                    self.pin = None
             return self._enter(single)
         except BaseException:
             # The with statement runs no __exit__ when __enter__ raises: an
@@ -114,7 +131,7 @@ class Lease(Generic[T]):
                 return client
         raise too_many_rounds(self._name, "lease")
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         """End the pin; close the client if it was retired meanwhile."""
         # Each layer finishes what an exception cut short inside it. Only
         # an exception at this first line, before any of it runs, escapes
@@ -123,10 +140,12 @@ class Lease(Generic[T]):
             try:
                 record = self.pin
                 if type(record) is Record:
-                    lock = self._life.lock
-                    # One line, as in __enter__. Not the last lease of a
-                    # retired record: the pin ends here; else _finish.
-                    with lock: end = record.leases > 1 or record.state is not _RETIRED; record.leases -= end; self.pin = DONE if end else record  # noqa: E501, E701, E702  # fmt: skip
+                    # The pin ends, then the flag is read: open, and no
+                    # retirement will count this lease; closed (always,
+                    # without the GIL), and _finish settles it under the
+                    # lock. An exception after the pop leaves it to _finish
+                    # too.
+                    record.pins.pop(self, None); self.pin = DONE if record.open else record  # noqa: E501, E702  # fmt: skip
             finally:
                 if self.pin is not DONE or self.doomed is not None:
                     self._finish()
@@ -161,11 +180,11 @@ def lease_class(
             {
                 "__module__": Lease.__module__,
                 "__qualname__": Lease.__qualname__,
-                "_ref": weakref.ref(single),
                 "_life": life,
                 "_slot": slot,
                 "_closer": closer,
                 "_name": name,
+                "_hot": (weakref.ref(single), slot, life, life.lock_free),
             },
         ),
     )

@@ -20,7 +20,9 @@ driver's ``finally`` can run them again.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import sys
 import threading
 from typing import (
     TYPE_CHECKING,
@@ -72,11 +74,16 @@ __all__ = [
 #: How many builds for other keys a call waits out before giving up.
 MAX_ROUNDS: Final = 100
 
+# Epochs: each change of a watched variable stores a number never stored
+# before (next() on it is atomic), so an epoch that still equals the one a
+# call read means no change has been stored since. Not 0, the first epoch.
+_epochs = itertools.count(1)
+
 
 class _Sink:
     """Absorbs a state store aimed at no record (see ``_retire``)."""
 
-    __slots__ = ("leases", "state")
+    __slots__ = ("leases", "open", "state")
 
 
 def _locked(
@@ -102,6 +109,12 @@ def constant(obj: R) -> Callable[[], R]:
     return lambda: obj
 
 
+def gil() -> bool:
+    """Whether the GIL is on. It may turn on at run time, never off."""
+    enabled = getattr(sys, "_is_gil_enabled", None)
+    return enabled is None or bool(enabled())
+
+
 def _nothing(_client: object) -> None:
     """The hit-path switch of a lifecycle that has no hit path."""
 
@@ -121,6 +134,9 @@ class Lifecycle(Generic[T]):
     ) -> None:
         self.name = name
         self.lock = threading.RLock()
+        # Lock-free steps rely on the GIL ordering every store and load
+        # (see pin and invalidate); without it they take the lock.
+        self.lock_free = gil()
         # The key is pushed (no key, or keys.env): the hit path may be armed.
         self.pushed = pushed
         self.min_interval = min_interval
@@ -151,18 +167,29 @@ class Lifecycle(Generic[T]):
     # set before arming and cleared after disarming, so an exception
     # between the two steps can only cost a redundant switch later, never
     # leave the hit path armed with armed saying otherwise.
-    # *record* is the live record a call is served, None for an override.
-    def _arm(self, client: object, record: Record[T] | None = None) -> None:
+    # *record* is the live record a call is served, None for an override;
+    # *epoch*, the epoch at which that call read its key. A change that
+    # invalidate() stores meanwhile either sees armed set (and disarms
+    # under the lock) or is seen here before the switch (see invalidate).
+    def _arm(
+        self,
+        client: object,
+        record: Record[T] | None = None,
+        epoch: int | None = None,
+    ) -> None:
         if self.armed is client:
             return
         if record is not None and self.arm_slot is not None:
             # Another loop may keep the arming: then armed stays as it was.
             if self.pushed:
                 before, self.armed = self.armed, client
-                if not self.arm_slot(record):
+                if self.epoch != epoch or not self.arm_slot(record):
                     self.armed = before
             return
         self.armed = client
+        if epoch is not None and self.epoch != epoch:
+            self._disarm()
+            return
         if record is None or self.pushed:
             self.switch(client)
         elif self.arm_polled is not None:
@@ -220,7 +247,7 @@ class Lifecycle(Generic[T]):
             if not self._shared(record, (*rest, *close)):
                 close.append(record)
         for record in out:
-            record.state = ClientState.CLOSED
+            record.open, record.state = False, ClientState.CLOSED
         if self.slots.get(slot.key) is slot:
             del self.slots[slot.key]
         owed = (*self.owed, *close)
@@ -242,9 +269,9 @@ class Lifecycle(Generic[T]):
         live = slot.live
         if live is not None and live.matches(key_hash, key):
             # Arm only if no watched variable changed since the key was
-            # read: invalidate() bumps the epoch under this lock.
+            # read; _arm checks again once it has stored armed.
             if epoch == self.epoch and not self.overrides:
-                self._arm(live.client, live)
+                self._arm(live.client, live, epoch)
             return Serve(live)
         if slot.build is not None:
             return Wait(slot.build)
@@ -274,7 +301,7 @@ class Lifecycle(Generic[T]):
         self._disarm()
         slot = ticket.slot
         new: Record[T] = Record(client, ticket, self.generation + 1)
-        new.fingerprint = fingerprint
+        new.fingerprint, new.open = fingerprint, self.lock_free
         build = None if slot.build is ticket else slot.build
         if slot.dropped:
             # The slot's loop ended (or a fork dropped it) meanwhile: the
@@ -339,7 +366,7 @@ class Lifecycle(Generic[T]):
     def unlease(self, record: Record[T], doomed: list[Record[T]]) -> None:
         """End a lease; a retired record whose last lease ends is doomed."""
         leases = record.leases - 1
-        if leases or record.state is not ClientState.RETIRED:
+        if leases or record.pins or record.state is not ClientState.RETIRED:
             record.leases = leases
             return
         retired, close = self._last_lease(record)
@@ -347,17 +374,21 @@ class Lifecycle(Generic[T]):
         r, owed, closed = record, (*self.owed, *out), ClientState.CLOSED
         r.leases, r.state, r.slot.retired, doomed[:], self.owed = 0, closed, retired, out, owed  # noqa: E501  # fmt: skip
 
-    # The sync lease's transitions. Its fast paths pin and unpin inline
-    # (see _lease.py): a count under this lock, committed in one statement
-    # with the lease's own record of it. These are its slow paths: a pin
-    # after a miss, the end of the last lease of a retired record, and an
-    # end that was cut short.
+    # The sync lease's transitions. Its fast paths pin and unpin without
+    # the lock (see _lease.py): the lease goes in the record's pins, then
+    # the record's open flag is read; a transition that may retire the
+    # record clears that flag, then reads the pins (_retire). Under the
+    # GIL each side sees the other's store: a pin that finds the record
+    # open is seen by its retirement; one that finds it closed comes here.
+    # These are the slow paths: a pin after a miss or with the lock (no
+    # GIL), the end of the last lease of a retired record, and an end that
+    # was cut short.
 
     def pin(self, slot: Slot, client: object, lease: Holder) -> bool:
         """Pin *slot*'s live record if it holds *client*; say if it did.
 
         Call with the lock held, on the line that takes it. The pinned
-        record goes to ``lease.pin`` in the statement that counts it.
+        record goes to ``lease.pin`` on the line that adds the pin.
         """
         record = slot.live
         if (
@@ -366,7 +397,10 @@ class Lifecycle(Generic[T]):
             or record.state is not ClientState.LIVE
         ):
             return False
-        record.leases, lease.pin = record.leases + 1, record
+        # Live under the lock: no retirement is half-way, so a flag a
+        # retirement cut short left cleared opens again (never without
+        # the GIL: there every unpin takes the lock).
+        record.open = self.lock_free; lease.pin = record; record.pins[lease] = None  # noqa: E501, E702  # fmt: skip
         return True
 
     def unpin(self, lease: Holder) -> None:
@@ -379,9 +413,10 @@ class Lifecycle(Generic[T]):
         record = lease.pin
         if not isinstance(record, Record):  # Not pinned, or already ended.
             return
-        leases = record.leases - 1
-        if leases or record.state is not ClientState.RETIRED:
-            record.leases, lease.pin = leases, DONE
+        pins = record.pins
+        if lease in pins: del pins[lease]  # noqa: E701  # fmt: skip
+        if pins or record.leases or record.state is not ClientState.RETIRED:
+            lease.pin = DONE
             return
         retired, close = self._last_lease(record)
         # The targets share one line: each store is a line event of its own
@@ -457,15 +492,20 @@ class Lifecycle(Generic[T]):
     def _retire(
         self, slot: Slot, old: Record[Any] | None, keep: Record[Any] | None
     ) -> tuple[tuple[Record[Any], ...], list[Record[Any]], ClientState, Any]:
-        """Decide *old*'s retirement; mutates nothing.
+        """Decide *old*'s retirement; one store (below), nothing else.
 
         Returns the slot's new retired tuple, what to close now, the state
         to give *old* and the object to store it on (a sink when there is
         no *old*), so the caller commits all of it in one statement.
+
+        Its one store comes first: *old* is closed to lock-free pins before
+        its pins are read (see ``pin``). Cut short after it, *old* stays
+        live and its leases pin under the lock until ``pin`` opens it.
         """
         if old is None:
             return slot.retired, [], ClientState.CLOSED, _Sink()
-        if old.leases:
+        old.open = False
+        if old.leases or old.pins:
             return (*slot.retired, old), [], ClientState.RETIRED, old
         # A client still live elsewhere (the factory returned the same
         # object again, or another loop shares it) is not closed now.
@@ -491,16 +531,22 @@ class Lifecycle(Generic[T]):
     def invalidate(self) -> None:
         """A watched variable changed: disarm and outdate keys read before.
 
-        Runs on every write of a watched variable, so it takes the lock
-        itself, on one line as ``_locked`` does, without its wrapper: the
-        epoch moves at once (nothing on that line can raise), and an armed
-        hit path is disarmed after, under the lock again, before the write
-        returns. A call that arms in between read its key after the write.
+        Runs on every write of a watched variable, so it is quick: the
+        epoch moves first, in one store, then an armed hit path is disarmed
+        under the lock, before the write returns. A call arming meanwhile
+        (request, under the lock) stores ``armed`` first and reads the
+        epoch after, before it switches the hit path on; this stores the
+        epoch first and reads ``armed`` after. Under the GIL each sees the
+        other's store: either this disarms that arming, or that arming
+        sees the new epoch and does not switch. Without the GIL, the epoch
+        moves under the lock (on one line, as ``_locked`` does).
         """
-        lock = self.lock
-        with lock: self.epoch += 1; armed = self.armed  # noqa: E701, E702  # fmt: skip
-        if armed is not None:
-            with lock: self._disarm()  # noqa: E701  # fmt: skip
+        if self.lock_free:
+            self.epoch = next(_epochs)
+        else:
+            with self.lock: self.epoch = next(_epochs)  # noqa: E701  # fmt: skip
+        if self.armed is not None:
+            with self.lock: self._disarm()  # noqa: E701  # fmt: skip
 
     @_locked
     def push_override(self, token: object, obj: object) -> None:
@@ -545,7 +591,7 @@ class Lifecycle(Generic[T]):
             return []
         abandoned = list(self._holders())
         for record in abandoned:
-            record.state = ClientState.ABANDONED
+            record.open, record.state = False, ClientState.ABANDONED
         for slot in self.slots.values():
             slot.live, slot.retired, slot.built_at = None, (), float("-inf")
             slot.dropped = slot.key is not None
@@ -568,7 +614,7 @@ class Lifecycle(Generic[T]):
             generation=0 if live is None else live.generation,
             key_fingerprint=None if live is None else live.fingerprint,
             pid=self.pid,
-            leases=sum(r.leases for r in records),
+            leases=sum(r.leases + len(r.pins) for r in records),
             pending_close=sum(len(s.retired) for s in self.slots.values()),
             resets_refused=self.resets_refused,
             is_overridden=bool(self.overrides),

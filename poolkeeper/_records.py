@@ -53,6 +53,8 @@ class Record(Generic[T]):
         "key",
         "key_hash",
         "leases",
+        "open",
+        "pins",
         "sequence",
         "slot",
         "state",
@@ -65,7 +67,14 @@ class Record(Generic[T]):
         self.slot = ticket.slot
         self.generation = generation
         self.sequence = next(_sequence)
+        # Async leases count here, under the lifecycle's lock; sync leases
+        # pin in pins, without it (see _lease.py).
         self.leases = 0
+        self.pins: dict[object, None] = {}
+        # Whether a sync lease may pin without the lock: a transition
+        # that may retire the record clears it before it reads the pins.
+        # Never set without the GIL (see Lifecycle.built).
+        self.open = True
         self.state = ClientState.LIVE
         # Computed by the driver before the build (repr() of the key).
         self.fingerprint: str | None = None

@@ -70,11 +70,18 @@ class Pause:
 
 
 class Inject:
-    """Raises *exc* at the *n*-th line poolkeeper runs once armed."""
+    """Raises *exc* at the *n*-th line poolkeeper runs once armed.
 
-    def __init__(self, n: int, exc: type[BaseException]) -> None:
+    With *after*, lines count only once a line containing that text ran:
+    n=1 is the line that follows it.
+    """
+
+    def __init__(
+        self, n: int, exc: type[BaseException], after: str | None = None
+    ) -> None:
         self.n = n
         self.exc = exc
+        self.after = after
         self.armed = False
         self.seen = 0
         self.fired: str | None = None
@@ -86,6 +93,13 @@ class Inject:
 
     def _line(self, frame, event, arg):
         if event == "line" and self.armed and self.fired is None:
+            if self.after is not None:
+                source = linecache.getline(
+                    frame.f_code.co_filename, frame.f_lineno
+                )
+                if self.after in source:
+                    self.after = None
+                return self._line
             self.seen += 1
             if self.seen == self.n:
                 self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"

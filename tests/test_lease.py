@@ -200,21 +200,33 @@ class TestLeaseUnderInjectedExceptions:
         assert 0 == single.statistics().leases
 
 
+def _stopped_lease(single, at: str):
+    """Start a lease in a thread, stopped in ``__enter__`` at *at*.
+
+    Returns the pause (reached), the thread, and the box that gets what the
+    lease yielded, whether it was closed then, and the statistics then.
+    """
+    pause = Pause("__enter__", at)
+    box: list[object] = []
+
+    def lease():
+        with single.lease() as leased:
+            box.append((leased, leased.closed, single.statistics()))
+
+    thread = threading.Thread(target=pause.run(lease))
+    thread.start()
+    assert pause.reached.wait(WAIT)
+    return pause, thread, box
+
+
 class TestLeaseRaces:
     def test_reset_between_hit_and_pin_pins_the_new_client(self):
         """reset() after the lease's hit, before its pin: it pins anew."""
         single, _ = _built()
         first = single()
-        pause = Pause("__enter__", "lock = life.lock")
-        box: list[object] = []
-
-        def lease():
-            with single.lease() as leased:
-                box.append((leased, leased.closed, single.statistics()))
-
-        thread = threading.Thread(target=pause.run(lease))
-        thread.start()
-        assert pause.reached.wait(WAIT)
+        pause, thread, box = _stopped_lease(
+            single, "self.pin = record; self.doomed = None"
+        )
         assert single.reset()
         pause.release.set()
         thread.join(WAIT)
@@ -226,6 +238,50 @@ class TestLeaseRaces:
         assert 1 == stats.leases
         assert 0 == single.statistics().leases
 
+    def test_reset_between_pin_and_flag_closes_once_and_pins_anew(self):
+        """reset() after the pin, before the flag is read: it sees the pin.
+
+        The retirement counts the lease, so it does not close the client;
+        the lease finds the record closed to pins, ends its pin (the last:
+        it closes the client, once) and pins the new client instead.
+        """
+        single, factory = _built()
+        first = single()
+        pause, thread, box = _stopped_lease(single, "if record.open:")
+        assert single.reset()
+        assert not first.closed  # The retirement saw the pin.
+        assert 1 == single.statistics().pending_close
+        pause.release.set()
+        thread.join(WAIT)
+        assert not thread.is_alive()
+        leased, was_closed, stats = box[0]
+        assert leased is not first
+        assert leased is factory.built[-1]
+        assert 1 == len(first.closes)
+        assert not was_closed
+        assert (1, 0) == (stats.leases, stats.pending_close)
+        assert 0 == single.statistics().leases
+
+    def test_retirement_cut_after_closing_to_pins_leaves_leases_working(self):
+        """An exception right after ``_retire`` closes a record to pins.
+
+        The reset raises and the client stays live; the next lease pins it
+        under the lock and opens it again, and the one after pins without.
+        """
+        single, _ = _built()
+        client = single()
+        record = single._self_slot.live
+        inject = Inject(1, KeyboardInterrupt, after="old.open = False")
+        assert isinstance(traced(inject, single.reset), KeyboardInterrupt)
+        assert inject.fired
+        assert (record, False) == (single._self_slot.live, record.open)
+        with single.lease() as leased:
+            assert leased is client
+            assert record.open
+        with single.lease() as leased:
+            assert leased is client
+        assert (0, 0) == (single.statistics().leases, len(client.closes))
+
     def test_retire_between_unpin_and_close_closes_once(self):
         """Two leases on a retired client exiting together: one close."""
         single, _ = _built()
@@ -233,7 +289,7 @@ class TestLeaseRaces:
         client = leases[0].__enter__()
         assert client is leases[1].__enter__()
         single.reset()
-        pause = Pause("__exit__", "lock = self._life.lock")
+        pause = Pause("__exit__", "record.pins.pop(self, None)")
         thread = threading.Thread(
             target=pause.run(lambda: leases[0].__exit__(None, None, None))
         )

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 
 from poolkeeper import process_singleton
 from poolkeeper._lifecycle import (
+    DONE,
     Build,
     ClientState,
     Lifecycle,
@@ -62,6 +63,14 @@ def _examples(default: int) -> int:
     if os.environ.get("HYPOTHESIS_PROFILE") == "soak":
         return 20_000
     return default
+
+
+class Holder:
+    """A sync lease, as the lifecycle sees it: its pin and its close."""
+
+    def __init__(self) -> None:
+        self.pin: object = None
+        self.doomed: Record[Client] | None = None
 
 
 class Client:
@@ -107,6 +116,10 @@ class LifecycleRules(RuleBasedStateMachine):
         self.history: list[tuple[int, object]] = [(0, self.env)]
         self.pending: list[Ticket] = []
         self.leased: list[Record[Client]] = []
+        # Sync leases (_lease.py's lock-free steps): pinned, not yet
+        # checked against the record's open flag; and pinned, in use.
+        self.pinning: list[Holder] = []
+        self.pinned: list[Holder] = []
         self.made: list[Client] = []
         self.abandoned: list[Client] = []
         self.closes = 0
@@ -266,6 +279,67 @@ class LifecycleRules(RuleBasedStateMachine):
         self.life.unlease(record, doomed)
         self._close(doomed)
 
+    # -- the sync lease's steps, as _lease.py runs them without the lock ----
+
+    def _unpin(self, holder: Holder) -> None:
+        # _lease.py's _finish: the slow unpin, then the close it owes.
+        self.life.unpin(holder)
+        assert holder.pin is DONE
+        if holder.doomed is not None:
+            doomed, holder.doomed = [holder.doomed], None
+            self._close(doomed)
+
+    @precondition(lambda self: self.sync and self.slots[0].live is not None)
+    @rule()
+    def pin(self) -> None:
+        """A lease's first step: its pin goes in the live record's pins."""
+        holder, record = Holder(), self.slots[0].live
+        holder.pin = record
+        record.pins[holder] = None
+        self.pinning.append(holder)
+
+    @precondition(lambda self: self.pinning)
+    @rule(at=AT)
+    def check_pin(self, at: int) -> None:
+        """Its second: the flag. Closed: the pin ends (and may close)."""
+        holder = self.pinning.pop(at % len(self.pinning))
+        record = holder.pin
+        assert isinstance(record, Record)
+        if record.open:
+            self.pinned.append(holder)
+        else:
+            self._unpin(holder)
+
+    @precondition(lambda self: self.sync and self.slots[0].live is not None)
+    @rule()
+    def pin_locked(self) -> None:
+        """The slow path's pin, under the lock: it opens a live record."""
+        holder, slot = Holder(), self.slots[0]
+        assert slot.live is not None
+        assert self.life.pin(slot, slot.live.client, holder)
+        assert slot.live.open
+        self.pinned.append(holder)
+
+    @precondition(lambda self: self.pinned)
+    @rule(at=AT)
+    def unpin(self, at: int) -> None:
+        """A lease's exit: the pin ends, then the flag decides the rest."""
+        holder = self.pinned.pop(at % len(self.pinned))
+        record = holder.pin
+        assert isinstance(record, Record)
+        record.pins.pop(holder, None)
+        holder.pin = DONE if record.open else record
+        if holder.pin is not DONE:
+            self._unpin(holder)
+
+    @precondition(lambda self: self.sync and self.slots[0].live is not None)
+    @rule()
+    def retire_cut_short(self) -> None:
+        """A retirement cut short after its first store: closed to pins."""
+        live = self.slots[0].live
+        assert live is not None
+        live.open = False
+
     @precondition(lambda self: self.slots)
     @rule(at=AT)
     def reset(self, at: int) -> None:
@@ -323,7 +397,10 @@ class LifecycleRules(RuleBasedStateMachine):
         # The process's slot stays; loops' slots are the parent's.
         self.slots = [s for s in self.slots if s.key is None]
         assert self.slots == list(self.life.slots.values())
-        self.leased.clear()  # Leases are held by the parent's threads.
+        # Leases are held by the parent's threads.
+        self.leased.clear()
+        self.pinning.clear()
+        self.pinned.clear()
         self.generations.clear()  # Counters are per process.
         self.closes = self.builds = self.failures = 0
 
@@ -349,8 +426,12 @@ class LifecycleRules(RuleBasedStateMachine):
                 assert 0 == slot.live.client.closes
             for record in slot.retired:
                 assert ClientState.RETIRED is record.state
-                assert record.leases > 0
+                assert record.leases > 0 or record.pins
                 assert 0 == record.client.closes
+        # A lease that found its record open holds an open client.
+        for holder in self.pinned:
+            assert isinstance(holder.pin, Record)
+            assert 0 == holder.pin.client.closes
 
     @invariant()
     def armed_only_with_what_a_call_would_get(self) -> None:
@@ -390,7 +471,7 @@ class LifecycleRules(RuleBasedStateMachine):
         assert self.closes == stats.closes
         assert self.builds == stats.builds
         assert self.failures == stats.build_failures
-        assert sum(r.leases for r in holders) == stats.leases
+        assert sum(r.leases + len(r.pins) for r in holders) == stats.leases
         assert sum(r.state is ClientState.RETIRED for r in holders) == (
             stats.pending_close
         )
@@ -406,6 +487,10 @@ class LifecycleRules(RuleBasedStateMachine):
             doomed: list[Record[Client]] = []
             self.life.unlease(record, doomed)
             self._close(doomed)
+        while self.pinning:
+            self.check_pin(0)
+        while self.pinned:
+            self.unpin(0)
         doomed = []
         self.life.detach(doomed)
         self._close(doomed)
@@ -486,6 +571,20 @@ _OPS = (
     (lambda m: bool(m.life.overrides), lambda m, a, b: m.pop_override(a)),
     (lambda m: True, lambda m, a, b: m.detach()),
     (lambda m: True, lambda m, a, b: m.fork(bool(a & 1))),
+    (
+        lambda m: m.sync and m.slots[0].live is not None,
+        lambda m, a, b: m.pin(),
+    ),
+    (lambda m: bool(m.pinning), lambda m, a, b: m.check_pin(a)),
+    (
+        lambda m: m.sync and m.slots[0].live is not None,
+        lambda m, a, b: m.pin_locked(),
+    ),
+    (lambda m: bool(m.pinned), lambda m, a, b: m.unpin(a)),
+    (
+        lambda m: m.sync and m.slots[0].live is not None,
+        lambda m, a, b: m.retire_cut_short(),
+    ),
 )
 
 
