@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import time
 from typing import TYPE_CHECKING
@@ -545,45 +546,70 @@ def _run(machine: type, examples: int, steps: int) -> None:
 # example and shrinks it like any other, so the same transitions run at
 # thousands of examples a second.
 
+#: The machine's invariants, checked after each step.
+_INVARIANTS = (
+    "nothing_is_owed_between_steps",
+    "each_client_closed_at_most_once",
+    "live_and_leased_clients_are_open",
+    "armed_only_with_what_a_call_would_get",
+    "counters_add_up",
+)
+#: Rules and invariants without Hypothesis's wrappers (they cost more than
+#: most transitions): a program checks preconditions itself.
+_RAW: dict[str, Callable[..., None]] = {
+    name: inspect.unwrap(function)
+    for name, function in vars(LifecycleRules).items()
+    if callable(function) and not name.startswith("__")
+}
+
 _OPS: tuple[tuple[Callable[[LifecycleRules], bool], Callable[..., None]], ...]
 _OPS = (
     (
         lambda m: not m.sync and len(m.slots) < 3,
-        lambda m, a, b: m.open_loop_slot(),
+        lambda m, a, b: _RAW["open_loop_slot"](m),
     ),
     (
         lambda m: not m.sync and bool(m.slots),
-        lambda m, a, b: m.loop_id_reused(a),
+        lambda m, a, b: _RAW["loop_id_reused"](m, a),
     ),
-    (lambda m: not m.sync and bool(m.slots), lambda m, a, b: m.loop_ends(a)),
-    (lambda m: bool(m.slots), lambda m, a, b: m.request(a, b % 4)),
-    (lambda m: bool(m.slots), lambda m, a, b: m.request(a, 0)),
+    (
+        lambda m: not m.sync and bool(m.slots),
+        lambda m, a, b: _RAW["loop_ends"](m, a),
+    ),
+    (lambda m: bool(m.slots), lambda m, a, b: _RAW["request"](m, a, b % 4)),
+    (lambda m: bool(m.slots), lambda m, a, b: _RAW["request"](m, a, 0)),
     (
         lambda m: bool(m.pending),
-        lambda m, a, b: m.build(a, bool(b & 1), b >> 1),
+        lambda m, a, b: _RAW["build"](m, a, bool(b & 1), b >> 1),
     ),
-    (lambda m: bool(m.pending), lambda m, a, b: m.fail(a, bool(b & 1))),
-    (lambda m: bool(m.slots), lambda m, a, b: m.lease(a)),
-    (lambda m: bool(m.leased), lambda m, a, b: m.unlease(a)),
-    (lambda m: bool(m.slots), lambda m, a, b: m.reset(a)),
-    (lambda m: True, lambda m, a, b: m.rotate(KEYS[a % len(KEYS)])),
-    (lambda m: True, lambda m, a, b: m.push_override()),
-    (lambda m: bool(m.life.overrides), lambda m, a, b: m.pop_override(a)),
-    (lambda m: True, lambda m, a, b: m.detach()),
-    (lambda m: True, lambda m, a, b: m.fork(bool(a & 1))),
+    (
+        lambda m: bool(m.pending),
+        lambda m, a, b: _RAW["fail"](m, a, bool(b & 1)),
+    ),
+    (lambda m: bool(m.slots), lambda m, a, b: _RAW["lease"](m, a)),
+    (lambda m: bool(m.leased), lambda m, a, b: _RAW["unlease"](m, a)),
+    (lambda m: bool(m.slots), lambda m, a, b: _RAW["reset"](m, a)),
+    (lambda m: True, lambda m, a, b: _RAW["rotate"](m, KEYS[a % len(KEYS)])),
+    (lambda m: True, lambda m, a, b: _RAW["push_override"](m)),
+    (
+        lambda m: bool(m.life.overrides),
+        lambda m, a, b: _RAW["pop_override"](m, a),
+    ),
+    (lambda m: True, lambda m, a, b: _RAW["detach"](m)),
+    (lambda m: True, lambda m, a, b: _RAW["fork"](m, bool(a & 1))),
     (
         lambda m: m.sync and m.slots[0].live is not None,
-        lambda m, a, b: m.pin(),
+        lambda m, a, b: _RAW["pin"](m),
     ),
-    (lambda m: bool(m.pinning), lambda m, a, b: m.check_pin(a)),
+    (lambda m: bool(m.pinning), lambda m, a, b: _RAW["check_pin"](m, a)),
     (
         lambda m: m.sync and m.slots[0].live is not None,
-        lambda m, a, b: m.pin_locked(),
+        lambda m, a, b: _RAW["pin_locked"](m),
     ),
-    (lambda m: bool(m.pinned), lambda m, a, b: m.unpin(a)),
+    (lambda m: bool(m.pinned), lambda m, a, b: _RAW["unpin"](m, a)),
     (
         lambda m: m.sync and m.slots[0].live is not None,
-        lambda m, a, b: m.retire_cut_short(),
+        lambda m, a, b: _RAW["retire_cut_short"](m),
     ),
 )
 
@@ -594,13 +620,7 @@ def _run_program(machine: type[LifecycleRules], program: bytes) -> int:
     Every invariant is checked after each step.
     """
     m = machine()
-    checks = (
-        m.nothing_is_owed_between_steps,
-        m.each_client_closed_at_most_once,
-        m.live_and_leased_clients_are_open,
-        m.armed_only_with_what_a_call_would_get,
-        m.counters_add_up,
-    )
+    checks = tuple(_RAW[name].__get__(m) for name in _INVARIANTS)
     ran = 0
     for at in range(0, len(program) - 2, 3):
         op, a, b = program[at : at + 3]
