@@ -38,20 +38,34 @@ def _disarmed_but_matching(env, single) -> None:
 
 
 class TestSyncArming:
-    def test_write_while_a_call_arms_is_never_missed(self, env):
-        """A call stopped before it stores armed; a write returns: fresh."""
+    @pytest.mark.parametrize("gil", [True, False], ids=["gil", "no-gil"])
+    def test_write_while_a_call_arms_is_never_missed(
+        self, env, gil, monkeypatch
+    ):
+        """A call stopped before it stores armed; a write returns: fresh.
+
+        no-gil: made as on a free-threaded build, the write moves the epoch
+        under the lock, so it waits for the stopped call instead.
+        """
+        if not gil:
+            monkeypatch.setattr(
+                sys, "_is_gil_enabled", lambda: False, raising=False
+            )
         single = process_singleton(key=keys.env(NAME))(
             lambda: [os.environ.get(NAME)]
         )
+        assert gil is single._self_life.lock_free
         first = single()
         assert ["a"] == first
         _disarmed_but_matching(env, single)
         pause = Pause("_arm", "self.armed = client")
         caller, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)
-        env[NAME] = "c"  # Sees nothing armed: returns without the lock.
+        writer, _ = run(lambda: env.__setitem__(NAME, "c"))
+        if gil:
+            join(writer)  # Sees nothing armed: returns without the lock.
         pause.release.set()
-        join(caller)
+        join(caller, writer)
         # The stopped call read its key before the write: the old client
         # is a fair answer for it. Not for any call after the write.
         assert [first] == box

@@ -139,17 +139,34 @@ def _cut_exit(n, exc, *, retired):
     return inject.fired
 
 
+@pytest.fixture(name="gil", params=[True, False], ids=["gil", "no-gil"])
+def _gil(request, monkeypatch):
+    """Make singletons as with the GIL on, and as on a free-threaded build.
+
+    Without it, leases pin and unpin under the lifecycle's lock. (The GIL
+    is still there: this runs those paths, it cannot show them right
+    without one.)
+    """
+    if not request.param:
+        monkeypatch.setattr(
+            sys, "_is_gil_enabled", lambda: False, raising=False
+        )
+    return request.param
+
+
 class TestLeaseUnderInjectedExceptions:
     @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
     @pytest.mark.parametrize("fresh", [False, True], ids=["armed", "build"])
-    def test_enter_cut_at_every_line_leaks_no_pin(self, exc, fresh):
+    def test_enter_cut_at_every_line_leaks_no_pin(self, exc, fresh, gil):
         """An exception at any line of enter: pinned and returned, or not."""
         fired = every_line(lambda n, e: _cut_enter(n, e, fresh=fresh), exc)
         assert any("__enter__" in where for where in fired)
 
     @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
     @pytest.mark.parametrize("retired", [False, True], ids=["live", "retired"])
-    def test_exit_cut_at_every_later_line_ends_the_pin(self, exc, retired):
+    def test_exit_cut_at_every_later_line_ends_the_pin(
+        self, exc, retired, gil
+    ):
         """An exception at any line of exit once it runs: the pin ends once.
 
         The ``try`` lines that open ``__exit__`` are the exception (see
@@ -302,10 +319,11 @@ class TestLeaseRaces:
         assert not thread.is_alive()
         assert 1 == len(client.closes)
 
-    def test_many_threads_leasing_through_resets(self):
+    def test_many_threads_leasing_through_resets(self, gil):
         """Leases never see a closed client; every retired one closes once."""
         factory = Factory()
         single = process_singleton(factory)
+        assert gil is single._self_life.lock_free
         stop = threading.Event()
         bad: list[object] = []
 

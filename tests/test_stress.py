@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -145,12 +146,24 @@ class TestChurn:
     @pytest.mark.parametrize(
         "key", [keys.env(NAME), _polled], ids=["pushed", "polled"]
     )
+    @pytest.mark.parametrize("gil", [True, False], ids=["gil", "no-gil"])
     def test_churn_serves_no_closing_client_and_closes_each_once(
-        self, env, key
+        self, env, key, gil, monkeypatch
     ):
-        """Threads churn for a while; every guarantee holds throughout."""
+        """Threads churn for a while; every guarantee holds throughout.
+
+        no-gil: the singleton is made as on a free-threaded build, where
+        leases pin and watched changes move the epoch under the lock (the
+        interpreter still has its GIL: this runs those paths, it cannot
+        show them right without one).
+        """
+        if not gil:
+            monkeypatch.setattr(
+                sys, "_is_gil_enabled", lambda: False, raising=False
+            )
         env[NAME] = "0"
         churn = Churn(env, key)
+        assert gil is churn.single._self_life.lock_free
         churn.run(SECONDS)
         built = churn.built
         live = churn.single.current()
@@ -161,7 +174,8 @@ class TestChurn:
             builds=len(built), closes=sum(len(c.closes) for c in built)
         )
         print(
-            f"churn ({'polled' if key is _polled else 'pushed'}) "
+            f"churn ({'polled' if key is _polled else 'pushed'}, "
+            f"{'gil' if gil else 'no-gil'}) "
             f"for {SECONDS:g}s: {dict(figures)}, "
             f"violations={len(churn.violations)}"
         )
