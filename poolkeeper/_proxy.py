@@ -63,7 +63,11 @@ class ClientProxy(_Base):
         """Look *name* up on the live client, rebuilding first if needed."""
         if name in _OWN:
             return _get(self, name)
-        client = _get(self, "_self_live")()
+        # _self_live, inline while the client is the one seen last: one
+        # Python frame per access, not two.
+        client = _get(self, "_self_single")()
+        if client is not _get(self, "_self_last"):
+            client = _get(self, "_self_live")()
         if name == "__wrapped__":
             return client
         return getattr(client, name)

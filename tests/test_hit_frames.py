@@ -128,6 +128,28 @@ class TestLeaseFrames:
         assert 0 == single.statistics().leases
 
 
+class TestProxyFrames:
+    def test_attribute_of_a_stored_proxy_runs_one_frame(self):
+        """``proxy().attr`` while the client is the one seen last: one frame.
+
+        The proxy's ``__getattribute__``, and the armed hit it calls (no
+        Python frame); a rotation takes ``_self_live`` once more.
+        """
+        single = process_singleton(Factory())
+        handle = single.proxy()
+        client = single()
+        assert client.closes is handle.closes  # Seen once: recorded.
+        frames = frames_of(lambda: handle.closes)
+        assert ["<lambda>", "__getattribute__"] == frames
+        single.reset()
+        single()
+        single()  # Rebuilt and armed: the proxy has not seen it yet.
+        frames = frames_of(lambda: handle.closes)
+        assert ["<lambda>", "__getattribute__", "_self_live"] == frames[:3]
+        assert handle.closes is single().closes
+        assert handle.closes is not client.closes
+
+
 async def frames_of_await(single) -> tuple[list[str], object]:
     """Return the Python functions ``await single()`` runs, and its result."""
     seen: list[str] = []
