@@ -20,6 +20,7 @@ import wrapt
 
 from poolkeeper import _loop_end, _loop_hit, _registry, keys
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
+from poolkeeper._close_anywhere import aclose_here
 from poolkeeper._drive import NOTHING, settle
 from poolkeeper._identity import (
     Identity,
@@ -279,10 +280,9 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 await self._close(doomed)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
-        # Shielded: a caller cancelled mid-close must not leak the client.
         closer = self._self_closer
         await arun_each(
-            functools.partial(asyncio.shield, closer.aclose(r)) for r in doomed
+            functools.partial(aclose_here, closer, r) for r in doomed
         )
 
     # -- retirement ---------------------------------------------------------

@@ -140,6 +140,19 @@ def _raise(
         raise error
 
 
+async def aclose_here(closer: Closer, record: Record[Any]) -> None:
+    """Close *record* on the running loop, whatever happens to the caller.
+
+    Shielded (in a task of its own), so a caller cancelled mid-close does
+    not leak the client; carried (see ``_carry``), so a ``KeyboardInterrupt``
+    or ``SystemExit`` from the close hook is raised here, in the awaiting
+    code, instead of stopping the loop as asyncio does with a task's.
+    """
+    error = await asyncio.shield(_carry(closer, record))
+    if error is not None:
+        raise error
+
+
 async def _carry(closer: Closer, record: Record[Any]) -> BaseException | None:
     """Close *record* on its loop; return, not raise, what escapes.
 

@@ -177,6 +177,79 @@ def run_loop_in_thread(main):
 
 
 @pytest.mark.parametrize("exc", EXCEPTIONS)
+class TestAsyncPaths:
+    """The same on the running loop: raised in the awaiting code.
+
+    asyncio lets a ``KeyboardInterrupt`` or ``SystemExit`` out of a task
+    and stops the loop with it; the close runs in a task of its own (so a
+    cancelled caller does not leak the client), so it is carried back.
+    """
+
+    @staticmethod
+    def _caught(exc, step, hook):
+        async def main():
+            try:
+                await step()
+            except exc:
+                await asyncio.sleep(0)  # The loop still runs.
+                return "caught"
+            finally:
+                hook.armed = False  # The loop's end closes the rest.
+            return "not raised"
+
+        return asyncio.run(main())
+
+    def test_reset(self, exc):
+        """``await reset()`` raises; the client was retired all the same."""
+        hook = Raiser(exc)
+        single = process_singleton(close=hook.aclose)(make_aclient)
+        box = []
+
+        async def step():
+            box.append(await single())
+            await single.reset()
+
+        assert "caught" == self._caught(exc, step, hook)
+        assert box == hook.closed
+        assert (0, 1) == counts(single)
+
+    def test_rotation(self, exc, env):
+        """The await that rebuilds raises; the new client went live."""
+        hook = Raiser(exc)
+        single = process_singleton(key=keys.env(NAME), close=hook.aclose)(
+            make_aclient
+        )
+        box = []
+
+        async def step():
+            box.append(await single())
+            env[NAME] = "2"
+            await single()
+
+        assert "caught" == self._caught(exc, step, hook)
+        # The old client, then (at the loop's end) the new one.
+        assert box == hook.closed[:1]
+        assert 2 == len(hook.closed)
+        assert 2 == single.statistics().builds
+
+    def test_lease_end(self, exc):
+        """The lease's exit raises, once its client is closed."""
+        hook = Raiser(exc)
+        single = process_singleton(close=hook.aclose)(make_aclient)
+        box = []
+
+        async def step():
+            async with single.lease() as leased:
+                box.append(leased)
+                await single.reset()
+                assert [] == hook.closed
+
+        assert "caught" == self._caught(exc, step, hook)
+        assert box == hook.closed
+        assert (0, 1) == counts(single)
+
+
+@pytest.mark.parametrize("exc", EXCEPTIONS)
 class TestOtherThreads:
     def test_helper_thread_raises_once_in_the_caller(self, exc):
         """Closing on an idle loop from a running one: raised, counted once."""
