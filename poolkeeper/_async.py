@@ -23,19 +23,13 @@ from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._drive import NOTHING, settle
 from poolkeeper._identity import (
     Identity,
-    evaluate_key,
     key_fingerprint,
     no_arguments,
     report_fork_errors,
     too_many_rounds,
 )
-from poolkeeper._lifecycle import (
-    MAX_ROUNDS,
-    Build,
-    Lifecycle,
-    Serve,
-    constant,
-)
+from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._rounds import read_key, rounds
 from poolkeeper._waits import building, waiting
 
 if TYPE_CHECKING:
@@ -186,65 +180,49 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     # -- calls --------------------------------------------------------------
 
     async def _acquire(self) -> Record[T]:
-        # The slot and wake-up of this call's latest request (see abandon).
-        asked: list[Any] = [None, None]
-        try:
-            return await self._rounds(asked)
-        except BaseException:
-            if self._self_life.abandon(*asked):
-                asked[1].set_result(None)
-            raise
-
-    async def _rounds(self, asked: list[Any]) -> Record[T]:
         life = self._self_life
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
         slot = self._slot()
-        built: Ticket | None = None
-        epoch = life.epoch
-        for _ in range(MAX_ROUNDS):
-            if built is None:
-                # Read before the key: a change between the two keeps the
-                # hit path disarmed (see Lifecycle.request).
-                epoch = life.epoch
-                key_hash, key = evaluate_key(self._self_key, self._self_name)
-            else:
-                # The builder is served what it built, if still live.
-                key_hash, key, built = built.key_hash, built.key.value, None
-            live = slot.live
-            # No lock: this slot's clients are only ever closed on this
-            # loop, so none can start closing while this code runs. A
-            # pushed key's match goes to request(), which arms the hit path.
-            if (
-                live is not None
-                and not life.pushed
-                and live.matches(key_hash, key)
-            ):
-                return live
-            if slot.dropped:
-                slot = self._slot()
-                continue
-            owner = asyncio.current_task()
-            loop = asyncio.get_running_loop()
-            done = loop.create_future()
-            asked[:] = slot, done
-            step = life.request(
-                slot, key_hash, key, epoch, owner, constant(done)
-            )
-            if isinstance(step, Serve):
-                record = step.record
-                self._self_seen = (epoch, record.slot, record.sequence)
-                return step.record
-            if isinstance(step, Build):
-                await self._build(step.ticket, loop)
-                built = step.ticket if step.ticket.record else None
-                continue
-            ticket = step.ticket
-            with waiting(owner, ticket):
-                await _ended(ticket)
-            if ticket.error is not None and ticket.matches(key_hash, key):
-                raise ticket.error
-        raise too_many_rounds(self._self_name, "build")
+        first = read_key(life, self._self_key, self._self_name)
+        _, key_hash, key = first
+        live = slot.live
+        # No lock: this slot's clients are only ever closed on this loop,
+        # so none can start closing while this code runs. A pushed key's
+        # match goes to request(), which arms the hit path.
+        if (
+            live is not None
+            and not life.pushed
+            and live.matches(key_hash, key)
+        ):
+            return live
+        owner = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        # The slot, wake-up and epoch of this call's latest request.
+        asked: list[Any] = [None, None, 0]
+        wakeup = loop.create_future
+        steps = rounds(self, slot, self._slot, owner, wakeup, asked, first)
+        try:
+            for step in steps:
+                if isinstance(step, Serve):
+                    record = step.record
+                    if life.pushed:  # Only a pushed key's is reused (_get).
+                        seen = (asked[2], record.slot, record.sequence)
+                        self._self_seen = seen
+                    return record
+                if isinstance(step, BaseException):
+                    raise step  # noqa: TRY301 -- the key's or its build's error.
+                ticket = step.ticket
+                if isinstance(step, Build):
+                    await self._build(ticket, loop)
+                    continue
+                with waiting(owner, ticket):
+                    await _ended(ticket)
+        except BaseException:
+            if life.abandon(asked[0], asked[1]):
+                asked[1].set_result(None)
+            raise
+        raise AssertionError  # pragma: no cover -- rounds() ends the call.
 
     async def _build(
         self, ticket: Ticket, loop: asyncio.AbstractEventLoop

@@ -24,22 +24,14 @@ from poolkeeper._drive import NOTHING, settle
 from poolkeeper._hit import arm_polled, switch
 from poolkeeper._identity import (
     Identity,
-    evaluate_key,
-    hash_key,
     key_fingerprint,
     no_arguments,
     report_fork_errors,
-    too_many_rounds,
 )
 from poolkeeper._lease import lease_class
-from poolkeeper._lifecycle import (
-    MAX_ROUNDS,
-    Build,
-    Lifecycle,
-    Serve,
-    constant,
-)
+from poolkeeper._lifecycle import Build, Lifecycle, Serve, constant
 from poolkeeper._proxy import ClientProxy
+from poolkeeper._rounds import read_key, rounds
 from poolkeeper._waits import building, waiting
 
 if TYPE_CHECKING:
@@ -178,54 +170,36 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     # -- calls --------------------------------------------------------------
 
     def _acquire(self, value: object) -> Record[T]:
-        # The slot and wake-up of this call's latest request (see abandon).
-        asked: list[Any] = [None, None]
-        try:
-            return self._rounds(value, asked)
-        except BaseException:
-            if self._self_life.abandon(*asked):
-                asked[1].set()
-            raise
-
-    def _rounds(self, value: object, asked: list[Any]) -> Record[T]:
         life = self._self_life
         slot = self._self_slot
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
         me = threading.get_ident()
-        built: Ticket | None = None
-        epoch = life.epoch
-        for _ in range(MAX_ROUNDS):
-            if built is None:
-                # The epoch is read before the key: a change between the
-                # two keeps the hit path disarmed (see Lifecycle.request).
-                epoch = life.epoch
-                if value is NOTHING:
-                    key_hash, key = evaluate_key(
-                        self._self_key, self._self_name
-                    )
-                else:  # Read by the polled hit path, after the epoch.
-                    key_hash, key = hash_key(value, self._self_name)
-                    value = NOTHING
-            else:
-                # The builder is served what it built, if still live.
-                key_hash, key, built = built.key_hash, built.key.value, None
-            done = threading.Event()
-            asked[:] = slot, done
-            step = life.request(slot, key_hash, key, epoch, me, constant(done))
-            if isinstance(step, Serve):
-                return step.record
-            if isinstance(step, Build):
-                self._build(step.ticket)
-                built = step.ticket if step.ticket.record else None
-                continue
-            ticket = step.ticket
-            with waiting(me, ticket):
-                while not ticket.done.wait(_POLL) and not ticket.finished:
-                    pass
-            if ticket.error is not None and ticket.matches(key_hash, key):
-                raise ticket.error
-        raise too_many_rounds(self._self_name, "build")
+        first = read_key(life, self._self_key, self._self_name, value)
+        # The slot, wake-up and epoch of this call's latest request.
+        asked: list[Any] = [None, None, 0]
+        # A thread's slot is never dropped: it is its own replacement.
+        steps = rounds(
+            self, slot, constant(slot), me, threading.Event, asked, first
+        )
+        try:
+            for step in steps:
+                if isinstance(step, Serve):
+                    return step.record
+                if isinstance(step, BaseException):
+                    raise step  # noqa: TRY301 -- the key's or its build's error.
+                ticket = step.ticket
+                if isinstance(step, Build):
+                    self._build(ticket)
+                    continue
+                with waiting(me, ticket):
+                    while not ticket.done.wait(_POLL) and not ticket.finished:
+                        pass
+        except BaseException:
+            if life.abandon(asked[0], asked[1]):
+                asked[1].set()
+            raise
+        raise AssertionError  # pragma: no cover -- rounds() ends the call.
 
     def _build(self, ticket: Ticket) -> None:
         # Runs the factory with no lock held; callers for the same slot
