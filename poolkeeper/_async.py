@@ -20,10 +20,9 @@ import wrapt
 
 from poolkeeper import _loop_end, _loop_hit, _registry, keys
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
-from poolkeeper._drive import NOTHING, settle
+from poolkeeper._drive import BuildRun
 from poolkeeper._identity import (
     Identity,
-    key_fingerprint,
     no_arguments,
     report_fork_errors,
     too_many_rounds,
@@ -227,34 +226,20 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     async def _build(
         self, ticket: Ticket, loop: asyncio.AbstractEventLoop
     ) -> None:
-        # As in the sync driver: every outcome settles the ticket, wakes its
-        # waiters and makes a built client live or closes it. A cancelled
-        # builder is no failure: its waiters retry, one of them building.
-        life = self._self_life
+        # As in the sync driver (see _drive). A cancelled builder is no
+        # failure: its waiters retry, one of them building.
         keyed = self._self_key is not None
-        client: object = NOTHING
-        doomed: list[Record[T]] = []
+        run: BuildRun[T] = BuildRun(
+            self._self_life, ticket, keyed, loop.time, _wake
+        )
         try:
-            try:
-                fp = key_fingerprint(keyed, ticket.key.value)
-                with building(ticket):
-                    client = await self.__wrapped__()
-                life.built(ticket, cast("T", client), fp, loop.time(), doomed)
-            # What follows is reached by an exception injected between two
-            # lines: tests/test_attack_lines.py cuts the build at each.
-            except BaseException as exc:  # Cancelled: waiters retry.
-                if client is NOTHING:
-                    life.failed(ticket, exc)
-                raise
-            finally:
-                if not ticket.finished:
-                    settle(life, ticket, client, keyed, loop.time(), doomed)
+            with run, building(ticket):
+                run.client = await self.__wrapped__()
         finally:
             try:
-                if not ticket.done.done():  # pragma: no branch -- injected.
-                    ticket.done.set_result(None)
+                run.end()
             finally:
-                await self._close(doomed)
+                await self._close(run.doomed)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         # Shielded: a caller cancelled mid-close must not leak the client.
@@ -362,3 +347,9 @@ async def _ended(ticket: Ticket) -> None:
     """
     while not (ticket.finished or ticket.done.done()):
         await asyncio.wait((ticket.done,), timeout=_POLL)
+
+
+def _wake(done: asyncio.Future[None]) -> None:
+    """Wake the waiters of a build, once."""
+    if not done.done():  # pragma: no branch -- an injection sets it twice.
+        done.set_result(None)

@@ -20,11 +20,10 @@ import wrapt
 
 from poolkeeper import _registry, keys
 from poolkeeper._close import Closer, run_each
-from poolkeeper._drive import NOTHING, settle
+from poolkeeper._drive import NOTHING, BuildRun, log_built
 from poolkeeper._hit import arm_polled, switch
 from poolkeeper._identity import (
     Identity,
-    key_fingerprint,
     no_arguments,
     report_fork_errors,
 )
@@ -203,38 +202,22 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
     def _build(self, ticket: Ticket) -> None:
         # Runs the factory with no lock held; callers for the same slot
-        # wait on the ticket instead. Whatever is raised, at whatever line
-        # (a signal handler's KeyboardInterrupt included), the ticket is
-        # settled, its waiters are woken and a built client is made live or
-        # closed: each step below is repeated by the next layer if an
-        # exception cut it short.
-        life = self._self_life
+        # wait on the ticket instead. Whatever is raised, at whatever line,
+        # the build ends (see _drive): tests/test_attack_lines.py and
+        # test_guarantees.py cut it at each line.
         keyed = self._self_key is not None
-        client: object = NOTHING
-        doomed: list[Record[T]] = []
+        wake = threading.Event.set
+        run = BuildRun(self._self_life, ticket, keyed, time.monotonic, wake)
         try:
-            try:
-                fp = key_fingerprint(keyed, ticket.key.value)
-                with building(ticket):
-                    client = self.__wrapped__()
-                life.built(ticket, client, fp, time.monotonic(), doomed)
-            # What follows is reached by an exception injected between two
-            # lines: tests/test_attack_lines.py cuts the build at each.
-            except BaseException as exc:
-                if client is NOTHING:
-                    life.failed(ticket, exc)
-                raise
-            finally:
-                if not ticket.finished:
-                    now = time.monotonic()
-                    settle(life, ticket, client, keyed, now, doomed)
+            with run, building(ticket):
+                run.client = self.__wrapped__()
         finally:
             try:
-                ticket.done.set()
+                run.end()
             finally:
-                self._close(doomed)
+                self._close(run.doomed)
         if ticket.record is not None:  # pragma: no branch -- injected.
-            _log_built(self._self_name, ticket.record)
+            log_built(self._self_name, ticket.record)
 
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before
@@ -330,20 +313,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
 # The slow path, which a disarmed class gets back as its __call__.
 _slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
-
-
-def _log_built(name: str, record: Record[Any]) -> None:
-    log.debug(
-        "Built %s (generation %d, key %s).",
-        name,
-        record.generation,
-        record.fingerprint,
-        extra={
-            "poolkeeper_factory": name,
-            "poolkeeper_generation": record.generation,
-            "poolkeeper_key": record.fingerprint,
-        },
-    )
 
 
 def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
