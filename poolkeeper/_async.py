@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
-from poolkeeper import _loop_end, _loop_hit, _registry, keys
+from poolkeeper import _loop_end, _loop_hit
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._drive import BuildRun
 from poolkeeper._identity import (
@@ -69,49 +69,6 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     # (epoch, slot, sequence): the slot's record built *sequence*-th
     # matched the key read at *epoch* (see _get).
     _self_seen: tuple[int, Slot | None, int]
-
-    def __init__(  # noqa: PLR0913 -- mirrors the keyword-only options.
-        self,
-        factory: Callable[[], Coroutine[Any, Any, T]],
-        *,
-        key: Callable[[], object] | None,
-        close: Callable[[T], object] | None,
-        after_fork: Callable[[T], object] | None,
-        fork: str,
-        min_rebuild_interval: float,
-    ) -> None:
-        """Wrap *factory*; use :func:`~poolkeeper.process_singleton`."""
-        super().__init__(factory)
-        name = getattr(factory, "__qualname__", repr(factory))
-        self._self_name = name
-        self._self_key = key
-        # Held weakly, as the sync driver does: the lifecycle outlives a
-        # dropped singleton (the registry holds it).
-        cls: weakref.ReferenceType[type] = weakref.ref(type(self))
-        life: Lifecycle[T] = Lifecycle(
-            name,
-            pushed=key is None,
-            min_interval=min_rebuild_interval,
-            switch=functools.partial(_loop_hit.disarm, cls),
-            arm_slot=functools.partial(
-                _loop_hit.arm, cls, weakref.ref(self), name
-            ),
-        )
-        self._self_life = life
-        self._self_seen = (-1, None, 0)
-        self._self_closer = Closer(life, close, is_async=True)
-        entry = _registry.Entry(
-            life,
-            self._self_closer,
-            after_fork,
-            keep=fork == "keep",
-            prune=functools.partial(_loop_end.prune, life),
-        )
-        _registry.register(self, entry)
-        # Changes of keys.env and keys.file keys are pushed, not polled:
-        # the lifecycle arms the running loop's hit path until one changes.
-        if key is not None and keys.watch(key, life):
-            life.pushed = True
 
     def __call__(
         self, *args: object, **kwargs: object

@@ -6,7 +6,6 @@ import functools
 import logging
 import threading
 import time
-import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -18,16 +17,13 @@ from typing import (
 
 import wrapt
 
-from poolkeeper import _registry, keys
 from poolkeeper._close import Closer, run_each
 from poolkeeper._drive import NOTHING, BuildRun, log_built
-from poolkeeper._hit import arm_polled, switch
 from poolkeeper._identity import (
     Identity,
     no_arguments,
     report_fork_errors,
 )
-from poolkeeper._lease import lease_class
 from poolkeeper._lifecycle import Build, Lifecycle, Serve, constant
 from poolkeeper._proxy import ClientProxy
 from poolkeeper._rounds import read_key, rounds
@@ -79,7 +75,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_slot: Slot
     _self_closer: Closer
 
-    # The hit path. Each singleton has its own subclass (see make), and
+    # The hit path. Each singleton has its own subclass (see _make), and
     # while a client is live and its key cannot have changed, that class's
     # __call__ is a C callable returning the client (see _hit.armed), so a hit
     # runs no Python code and takes no lock. The lifecycle disarms it,
@@ -114,57 +110,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         if overrides:
             return cast("T", overrides[-1][1])
         return self._acquire(value).client
-
-    def _setup(
-        self,
-        *,
-        key: Callable[[], object] | None,
-        close: Callable[[T], object] | None,
-        after_fork: Callable[[T], object] | None,
-        fork: str,
-        min_rebuild_interval: float,
-    ) -> None:
-        factory = self.__wrapped__
-        name = getattr(factory, "__qualname__", repr(factory))
-        self._self_name = name
-        self._self_key = key
-        # Where the polled hit path finds the key (see _hit.arm_polled).
-        type.__setattr__(type(self), "_poolkeeper_key", key)
-        life: Lifecycle[T] = Lifecycle(
-            name,
-            pushed=key is None,
-            min_interval=min_rebuild_interval,
-            # The lifecycle outlives a dropped singleton (the registry holds
-            # it), so it holds the singleton's class weakly: the class's
-            # polled __call__ holds the key, and a key may reach the
-            # singleton.
-            switch=functools.partial(
-                switch, weakref.ref(type(self)), name, _slow_call
-            ),
-            arm_polled=None
-            if key is None
-            else functools.partial(
-                arm_polled, weakref.ref(type(self)), _slow_call
-            ),
-        )
-        self._self_life = life
-        self._self_slot = life.open_slot(None, None)[0]
-        self._self_closer = Closer(life, close, is_async=False)
-        # Making a lease runs no Python code: lease() is replaced by this
-        # singleton's own lease class.
-        type.__setattr__(
-            type(self),
-            "lease",
-            lease_class(self, life, self._self_slot, self._self_closer, name),
-        )
-        entry = _registry.Entry(
-            life, self._self_closer, after_fork, keep=fork == "keep"
-        )
-        _registry.register(self, entry)
-        # Changes of keys.env and keys.file keys (and tuples of them) are
-        # pushed, not polled: the hit path stays armed until one changes.
-        if key is not None and keys.watch(key, life):
-            life.pushed = True
 
     # -- calls --------------------------------------------------------------
 
@@ -260,7 +205,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             A context manager whose ``with`` block gets the live client,
             as a call would return it. Enter it once.
         """
-        # Each singleton's class replaces this method (see _setup).
+        # Each singleton's class replaces this method (see _make.make).
         leases = type(self).__dict__["lease"]  # pragma: no cover
         return cast("AbstractContextManager[T]", leases())  # pragma: no cover
 
@@ -313,32 +258,3 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
 # The slow path, which a disarmed class gets back as its __call__.
 _slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
-
-
-def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
-    factory: Callable[[], T],
-    *,
-    key: Callable[[], object] | None,
-    close: Callable[[T], object] | None,
-    after_fork: Callable[[T], object] | None,
-    fork: str,
-    min_rebuild_interval: float,
-) -> ProcessSingleton[T]:
-    """Return a new singleton for *factory*, in a subclass of its own."""
-    own = cast(
-        "type[ProcessSingleton[T]]",
-        type(
-            ProcessSingleton.__name__,
-            (ProcessSingleton,),
-            {"__module__": ProcessSingleton.__module__},
-        ),
-    )
-    self = own(factory)
-    self._setup(
-        key=key,
-        close=close,
-        after_fork=after_fork,
-        fork=fork,
-        min_rebuild_interval=min_rebuild_interval,
-    )
-    return self
