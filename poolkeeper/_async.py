@@ -11,7 +11,6 @@ a pushed key is armed for one loop at a time (``_loop_hit``); this class's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
@@ -19,23 +18,22 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 import wrapt
 
 from poolkeeper import _loop_end, _loop_hit
+from poolkeeper._async_methods import AsyncMethods
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._drive import BuildRun
 from poolkeeper._identity import (
     Identity,
     no_arguments,
     report_fork_errors,
-    too_many_rounds,
 )
-from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._lifecycle import Build, Lifecycle, Serve
 from poolkeeper._rounds import read_key, rounds
-from poolkeeper._waits import building, waiting
+from poolkeeper._waits import aended, building, waiting
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable, Coroutine
+    from collections.abc import Callable, Coroutine
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
-    from poolkeeper._stats import Statistics
 
     _Base = wrapt.ObjectProxy[Any]
 else:
@@ -44,12 +42,8 @@ else:
 T = TypeVar("T")
 
 
-# How often a waiter re-checks its build (as the sync driver does).
-_POLL = 0.05
-
-
 @final
-class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
+class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
     """An ``async def`` factory turned into a per-process, per-loop singleton.
 
     Made by :func:`~poolkeeper.process_singleton` on an ``async def``
@@ -173,7 +167,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                     await self._build(ticket, loop)
                     continue
                 with waiting(owner, ticket):
-                    await _ended(ticket)
+                    await aended(ticket)
         except BaseException:
             if life.abandon(asked[0], asked[1]):
                 asked[1].set_result(None)
@@ -204,106 +198,6 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         await arun_each(
             functools.partial(asyncio.shield, closer.aclose(r)) for r in doomed
         )
-
-    # -- retirement ---------------------------------------------------------
-
-    async def reset(self) -> bool:
-        """Retire the running loop's live client; the next await rebuilds.
-
-        Within *min_rebuild_interval* seconds of the last build on this
-        loop nothing is retired.
-
-        Returns:
-            Whether a client was retired.
-        """
-        slot = self._slot()
-        now = asyncio.get_running_loop().time()
-        doomed: list[Record[T]] = []
-        try:
-            return self._self_life.reset(slot, now, doomed)
-        finally:
-            await self._close(doomed)
-
-    @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncGenerator[T, None]:
-        """Pin the running loop's live client for an ``async with`` block.
-
-        Yields:
-            The live client; if it is retired meanwhile, its close waits
-            until the last lease on it exits.
-        """
-        life = self._self_life
-        overrides = life.overrides
-        if overrides:
-            yield cast("T", overrides[-1][1])
-            return
-        record: Record[T] | None = None
-        try:
-            for _ in range(MAX_ROUNDS):
-                candidate = await self._acquire()
-                if life.lease(candidate.slot, candidate):
-                    record = candidate
-                    break
-            else:
-                raise too_many_rounds(self._self_name, "lease")
-            yield record.client
-        finally:
-            if record is not None:
-                doomed: list[Record[T]] = []
-                try:
-                    life.unlease(record, doomed)
-                finally:
-                    await self._close(doomed)
-
-    def current(self) -> T | None:
-        """Return the running loop's live client without building one.
-
-        Returns:
-            The client, or ``None`` (also when no loop is running).
-        """
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
-        slot = self._running_slot()
-        live = None if slot is None else slot.live
-        return None if live is None else live.client
-
-    def _running_slot(self) -> Slot | None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return None
-        slot = self._self_life.slots.get(id(loop))
-        if slot is None or slot.loop is None or slot.loop() is not loop:
-            return None
-        return slot
-
-    def statistics(self) -> Statistics:
-        """Return counters over all loops; live fields for the running one.
-
-        Returns:
-            An immutable snapshot.
-        """
-        return self._self_life.statistics(self._running_slot())
-
-    def __repr__(self) -> str:
-        """Name the factory and the number of loops served."""
-        life = self._self_life
-        return (
-            f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
-            f"({len(life.slots)} loops, pid {life.pid})>"
-        )
-
-
-async def _ended(ticket: Ticket) -> None:
-    """Wait until *ticket*'s build has ended.
-
-    ``asyncio.wait`` never cancels what it waits for, so a cancelled waiter
-    does not cancel the build; and the state is re-checked, so a build
-    whose wake-up was cut short by an exception cannot strand its waiters.
-    """
-    while not (ticket.finished or ticket.done.done()):
-        await asyncio.wait((ticket.done,), timeout=_POLL)
 
 
 def _wake(done: asyncio.Future[None]) -> None:

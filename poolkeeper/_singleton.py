@@ -3,38 +3,24 @@
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Generic,
-    TypeVar,
-    cast,
-    final,
-)
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
 from poolkeeper._close import Closer, run_each
 from poolkeeper._drive import NOTHING, BuildRun, log_built
-from poolkeeper._identity import (
-    Identity,
-    no_arguments,
-    report_fork_errors,
-)
+from poolkeeper._identity import Identity, no_arguments, report_fork_errors
 from poolkeeper._lifecycle import Build, Lifecycle, Serve, constant
-from poolkeeper._proxy import ClientProxy
 from poolkeeper._rounds import read_key, rounds
-from poolkeeper._waits import building, waiting
+from poolkeeper._sync_methods import SyncMethods
+from poolkeeper._waits import building, ended, waiting
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from contextlib import AbstractContextManager
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
-    from poolkeeper._stats import Statistics
 
     # wrapt ships no type information: type checkers see this plain class
     # and the generic signature below, the runtime gets wrapt's C proxy.
@@ -46,15 +32,8 @@ else:
 T = TypeVar("T")
 
 
-log = logging.getLogger("poolkeeper")
-
-# A waiter re-checks its build this often, so a build whose wake-up was
-# cut short by an exception cannot strand it.
-_POLL = 0.05
-
-
 @final
-class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
+class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
     """A factory turned into a process-wide singleton.
 
     Made by :func:`~poolkeeper.process_singleton`; never instantiated
@@ -137,8 +116,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                     self._build(ticket)
                     continue
                 with waiting(me, ticket):
-                    while not ticket.done.wait(_POLL) and not ticket.finished:
-                        pass
+                    ended(ticket)
         except BaseException:
             if life.abandon(asked[0], asked[1]):
                 asked[1].set()
@@ -172,88 +150,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         ]
         close = self._self_closer.close
         run_each(functools.partial(close, r) for r in (*doomed, *owed))
-
-    # -- retirement ---------------------------------------------------------
-
-    def reset(self) -> bool:
-        """Retire the live client; the next call builds a new one.
-
-        The retired client is closed now, with no lock held, or when its
-        last lease exits. Within *min_rebuild_interval* seconds of the last
-        build nothing is retired, so an error handler that resets on every
-        failure cannot turn into a build storm.
-
-        Returns:
-            Whether a client was retired.
-        """
-        doomed: list[Record[T]] = []
-        try:
-            return self._self_life.reset(
-                self._self_slot, time.monotonic(), doomed
-            )
-        finally:
-            self._close(doomed)
-
-    def lease(self) -> AbstractContextManager[T]:
-        """Pin the live client for the duration of a ``with`` block.
-
-        If the client is retired meanwhile (key change, ``reset()``,
-        ``close_all()``), its close waits until the last lease on it exits.
-        Use it around work that must not see its client closed underneath.
-
-        Returns:
-            A context manager whose ``with`` block gets the live client,
-            as a call would return it. Enter it once.
-        """
-        # Each singleton's class replaces this method (see _make.make).
-        leases = type(self).__dict__["lease"]  # pragma: no cover
-        return cast("AbstractContextManager[T]", leases())  # pragma: no cover
-
-    def proxy(self) -> T:
-        """Return a handle that resolves to the live client on every use.
-
-        Store it where code would store "the client" (a closure, an
-        attribute): attribute access on it goes to the live client, so it
-        follows key rotation and never reaches a retired client. Nothing is
-        built until it is first used. It pickles by reference.
-
-        Returns:
-            A transparent proxy, typed as the client.
-        """
-        return cast("T", ClientProxy(self))
-
-    def current(self) -> T | None:
-        """Return the live client without building one.
-
-        Returns:
-            The live client (or the override), ``None`` if none is live.
-        """
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
-        live = self._self_slot.live
-        return None if live is None else live.client
-
-    def statistics(self) -> Statistics:
-        """Return an immutable snapshot of this singleton's counters.
-
-        Returns:
-            The counters of this process.
-        """
-        return self._self_life.statistics(self._self_slot)
-
-    def __repr__(self) -> str:
-        """Describe the singleton with its key fingerprint, never the key."""
-        live = self._self_slot.live
-        state = (
-            "no live client"
-            if live is None
-            else f"generation {live.generation}, key {live.fingerprint}"
-        )
-        return (
-            f"<poolkeeper.ProcessSingleton {self._self_name} "
-            f"({state}, pid {self._self_life.pid})>"
-        )
 
 
 # The slow path, which a disarmed class gets back as its __call__.
