@@ -8,7 +8,10 @@ and futures), so it is written once, here, as a generator: it yields each
 step for the driver to carry out (a ``Build`` to run, a ``Wait`` to wait
 out, an error to raise) and ends with the ``Serve`` that answers the call.
 It does no I/O of its own: it never calls the factory, never waits and
-never closes, and it raises none of the user's errors (the driver does).
+never closes. It reads the key again after a wait, and a key's error
+passes through it unchanged, except the one a generator cannot raise
+(``StopIteration``, PEP 479), which it yields for the driver to raise, as
+it yields a failed build's error.
 """
 
 from __future__ import annotations
