@@ -11,39 +11,30 @@ a pushed key is armed for one loop at a time (``_loop_hit``); this class's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
-from poolkeeper import _loop_end, _loop_hit, _registry, keys
+from poolkeeper import _loop_end, _loop_hit
+from poolkeeper._async_methods import AsyncMethods
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._close_anywhere import aclose_here
-from poolkeeper._drive import NOTHING, settle
+from poolkeeper._drive import BuildRun
 from poolkeeper._identity import (
     Identity,
-    evaluate_key,
-    key_fingerprint,
     no_arguments,
     report_fork_errors,
-    too_many_rounds,
 )
-from poolkeeper._lifecycle import (
-    MAX_ROUNDS,
-    Build,
-    Lifecycle,
-    Serve,
-    constant,
-)
-from poolkeeper._waits import building, waiting
+from poolkeeper._lifecycle import Build, Lifecycle, Serve
+from poolkeeper._rounds import read_key, rounds
+from poolkeeper._waits import aended, building, waiting
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable, Coroutine
+    from collections.abc import Callable, Coroutine
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
-    from poolkeeper._stats import Statistics
 
     _Base = wrapt.ObjectProxy[Any]
 else:
@@ -52,12 +43,8 @@ else:
 T = TypeVar("T")
 
 
-# How often a waiter re-checks its build (as the sync driver does).
-_POLL = 0.05
-
-
 @final
-class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
+class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
     """An ``async def`` factory turned into a per-process, per-loop singleton.
 
     Made by :func:`~poolkeeper.process_singleton` on an ``async def``
@@ -77,49 +64,6 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     # (epoch, slot, sequence): the slot's record built *sequence*-th
     # matched the key read at *epoch* (see _get).
     _self_seen: tuple[int, Slot | None, int]
-
-    def __init__(  # noqa: PLR0913 -- mirrors the keyword-only options.
-        self,
-        factory: Callable[[], Coroutine[Any, Any, T]],
-        *,
-        key: Callable[[], object] | None,
-        close: Callable[[T], object] | None,
-        after_fork: Callable[[T], object] | None,
-        fork: str,
-        min_rebuild_interval: float,
-    ) -> None:
-        """Wrap *factory*; use :func:`~poolkeeper.process_singleton`."""
-        super().__init__(factory)
-        name = getattr(factory, "__qualname__", repr(factory))
-        self._self_name = name
-        self._self_key = key
-        # Held weakly, as the sync driver does: the lifecycle outlives a
-        # dropped singleton (the registry holds it).
-        cls: weakref.ReferenceType[type] = weakref.ref(type(self))
-        life: Lifecycle[T] = Lifecycle(
-            name,
-            pushed=key is None,
-            min_interval=min_rebuild_interval,
-            switch=functools.partial(_loop_hit.disarm, cls),
-            arm_slot=functools.partial(
-                _loop_hit.arm, cls, weakref.ref(self), name
-            ),
-        )
-        self._self_life = life
-        self._self_seen = (-1, None, 0)
-        self._self_closer = Closer(life, close, is_async=True)
-        entry = _registry.Entry(
-            life,
-            self._self_closer,
-            after_fork,
-            keep=fork == "keep",
-            prune=functools.partial(_loop_end.prune, life),
-        )
-        _registry.register(self, entry)
-        # Changes of keys.env and keys.file keys are pushed, not polled:
-        # the lifecycle arms the running loop's hit path until one changes.
-        if key is not None and keys.watch(key, life):
-            life.pushed = True
 
     def __call__(
         self, *args: object, **kwargs: object
@@ -187,97 +131,67 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     # -- calls --------------------------------------------------------------
 
     async def _acquire(self) -> Record[T]:
-        # The slot and wake-up of this call's latest request (see abandon).
-        asked: list[Any] = [None, None]
-        try:
-            return await self._rounds(asked)
-        except BaseException:
-            if self._self_life.abandon(*asked):
-                asked[1].set_result(None)
-            raise
-
-    async def _rounds(self, asked: list[Any]) -> Record[T]:
         life = self._self_life
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
         slot = self._slot()
-        built: Ticket | None = None
-        epoch = life.epoch
-        for _ in range(MAX_ROUNDS):
-            if built is None:
-                # Read before the key: a change between the two keeps the
-                # hit path disarmed (see Lifecycle.request).
-                epoch = life.epoch
-                key_hash, key = evaluate_key(self._self_key, self._self_name)
-            else:
-                # The builder is served what it built, if still live.
-                key_hash, key, built = built.key_hash, built.key.value, None
-            live = slot.live
-            # No lock: this slot's clients are only ever closed on this
-            # loop, so none can start closing while this code runs. A
-            # pushed key's match goes to request(), which arms the hit path.
-            if (
-                live is not None
-                and not life.pushed
-                and live.matches(key_hash, key)
-            ):
-                return live
-            if slot.dropped:
-                slot = self._slot()
-                continue
-            owner = asyncio.current_task()
-            loop = asyncio.get_running_loop()
-            done = loop.create_future()
-            asked[:] = slot, done
-            step = life.request(
-                slot, key_hash, key, epoch, owner, constant(done)
-            )
-            if isinstance(step, Serve):
-                record = step.record
-                self._self_seen = (epoch, record.slot, record.sequence)
-                return step.record
-            if isinstance(step, Build):
-                await self._build(step.ticket, loop)
-                built = step.ticket if step.ticket.record else None
-                continue
-            ticket = step.ticket
-            with waiting(owner, ticket):
-                await _ended(ticket)
-            if ticket.error is not None and ticket.matches(key_hash, key):
-                raise ticket.error
-        raise too_many_rounds(self._self_name, "build")
+        first = read_key(life, self._self_key, self._self_name)
+        _, key_hash, key = first
+        live = slot.live
+        # No lock: this slot's clients are only ever closed on this loop,
+        # so none can start closing while this code runs. A pushed key's
+        # match goes to request(), which arms the hit path.
+        if (
+            live is not None
+            and not life.pushed
+            and live.matches(key_hash, key)
+        ):
+            return live
+        owner = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        # The slot, wake-up and epoch of this call's latest request.
+        asked: list[Any] = [None, None, 0]
+        wakeup = loop.create_future
+        steps = rounds(self, slot, self._slot, owner, wakeup, asked, first)
+        try:
+            for step in steps:
+                if isinstance(step, Serve):
+                    record = step.record
+                    if life.pushed:  # Only a pushed key's is reused (_get).
+                        seen = (asked[2], record.slot, record.sequence)
+                        self._self_seen = seen
+                    return record
+                if isinstance(step, BaseException):
+                    raise step  # noqa: TRY301 -- the key's or its build's error.
+                ticket = step.ticket
+                if isinstance(step, Build):
+                    await self._build(ticket, loop)
+                    continue
+                with waiting(owner, ticket):
+                    await aended(ticket)
+        except BaseException:
+            if life.abandon(asked[0], asked[1]):
+                asked[1].set_result(None)
+            raise
+        raise AssertionError  # pragma: no cover -- rounds() ends the call.
 
     async def _build(
         self, ticket: Ticket, loop: asyncio.AbstractEventLoop
     ) -> None:
-        # As in the sync driver: every outcome settles the ticket, wakes its
-        # waiters and makes a built client live or closes it. A cancelled
-        # builder is no failure: its waiters retry, one of them building.
-        life = self._self_life
+        # As in the sync driver (see _drive). A cancelled builder is no
+        # failure: its waiters retry, one of them building.
         keyed = self._self_key is not None
-        client: object = NOTHING
-        doomed: list[Record[T]] = []
+        run: BuildRun[T] = BuildRun(
+            self._self_life, ticket, keyed, loop.time, _wake
+        )
         try:
-            try:
-                fp = key_fingerprint(keyed, ticket.key.value)
-                with building(ticket):
-                    client = await self.__wrapped__()
-                life.built(ticket, cast("T", client), fp, loop.time(), doomed)
-            # What follows is reached by an exception injected between two
-            # lines: tests/test_attack_lines.py cuts the build at each.
-            except BaseException as exc:  # Cancelled: waiters retry.
-                if client is NOTHING:
-                    life.failed(ticket, exc)
-                raise
-            finally:
-                if not ticket.finished:
-                    settle(life, ticket, client, keyed, loop.time(), doomed)
+            with run, building(ticket):
+                run.client = await self.__wrapped__()
         finally:
             try:
-                if not ticket.done.done():  # pragma: no branch -- injected.
-                    ticket.done.set_result(None)
+                run.end()
             finally:
-                await self._close(doomed)
+                await self._close(run.doomed)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         closer = self._self_closer
@@ -285,102 +199,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             functools.partial(aclose_here, closer, r) for r in doomed
         )
 
-    # -- retirement ---------------------------------------------------------
 
-    async def reset(self) -> bool:
-        """Retire the running loop's live client; the next await rebuilds.
-
-        Within *min_rebuild_interval* seconds of the last build on this
-        loop nothing is retired.
-
-        Returns:
-            Whether a client was retired.
-        """
-        slot = self._slot()
-        now = asyncio.get_running_loop().time()
-        doomed: list[Record[T]] = []
-        try:
-            return self._self_life.reset(slot, now, doomed)
-        finally:
-            await self._close(doomed)
-
-    @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncGenerator[T, None]:
-        """Pin the running loop's live client for an ``async with`` block.
-
-        Yields:
-            The live client; if it is retired meanwhile, its close waits
-            until the last lease on it exits.
-        """
-        life = self._self_life
-        overrides = life.overrides
-        if overrides:
-            yield cast("T", overrides[-1][1])
-            return
-        record: Record[T] | None = None
-        try:
-            for _ in range(MAX_ROUNDS):
-                candidate = await self._acquire()
-                if life.lease(candidate.slot, candidate):
-                    record = candidate
-                    break
-            else:
-                raise too_many_rounds(self._self_name, "lease")
-            yield record.client
-        finally:
-            if record is not None:
-                doomed: list[Record[T]] = []
-                try:
-                    life.unlease(record, doomed)
-                finally:
-                    await self._close(doomed)
-
-    def current(self) -> T | None:
-        """Return the running loop's live client without building one.
-
-        Returns:
-            The client, or ``None`` (also when no loop is running).
-        """
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
-        slot = self._running_slot()
-        live = None if slot is None else slot.live
-        return None if live is None else live.client
-
-    def _running_slot(self) -> Slot | None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return None
-        slot = self._self_life.slots.get(id(loop))
-        if slot is None or slot.loop is None or slot.loop() is not loop:
-            return None
-        return slot
-
-    def statistics(self) -> Statistics:
-        """Return counters over all loops; live fields for the running one.
-
-        Returns:
-            An immutable snapshot.
-        """
-        return self._self_life.statistics(self._running_slot())
-
-    def __repr__(self) -> str:
-        """Name the factory and the number of loops served."""
-        life = self._self_life
-        return (
-            f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
-            f"({len(life.slots)} loops, pid {life.pid})>"
-        )
-
-
-async def _ended(ticket: Ticket) -> None:
-    """Wait until *ticket*'s build has ended.
-
-    ``asyncio.wait`` never cancels what it waits for, so a cancelled waiter
-    does not cancel the build; and the state is re-checked, so a build
-    whose wake-up was cut short by an exception cannot strand its waiters.
-    """
-    while not (ticket.finished or ticket.done.done()):
-        await asyncio.wait((ticket.done,), timeout=_POLL)
+def _wake(done: asyncio.Future[None]) -> None:
+    """Wake the waiters of a build, once."""
+    if not done.done():  # pragma: no branch -- an injection sets it twice.
+        done.set_result(None)

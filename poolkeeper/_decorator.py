@@ -20,9 +20,12 @@ from typing import (
     overload,
 )
 
-from poolkeeper._async import AsyncProcessSingleton
+from poolkeeper._make import make, make_async
 from poolkeeper._options import check_factory, check_key, check_options
-from poolkeeper._singleton import ProcessSingleton, make
+
+if TYPE_CHECKING:
+    from poolkeeper._async import AsyncProcessSingleton
+    from poolkeeper._singleton import ProcessSingleton
 
 T = TypeVar("T")
 # The client type a close= or after_fork= hook accepts: a hook for a wider
@@ -196,22 +199,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     def decorate(
         factory: Callable[[], Any],
     ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
-        if check_factory(factory):
-            # A class of its own: its __call__ is the armed hit path.
-            own: type[AsyncProcessSingleton[Any]] = type(
-                AsyncProcessSingleton.__name__,
-                (AsyncProcessSingleton,),
-                {"__module__": AsyncProcessSingleton.__module__},
-            )
-            return own(
-                factory,
-                key=combined_key,
-                close=close,
-                after_fork=after_fork,
-                fork=fork,
-                min_rebuild_interval=float(min_rebuild_interval),
-            )
-        return make(
+        # A class of its own for each: its __call__ is the armed hit path.
+        made = make_async if check_factory(factory) else make
+        return made(
             factory,
             key=combined_key,
             close=close,

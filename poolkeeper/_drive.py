@@ -1,41 +1,136 @@
 """What both drivers do the same way around a build.
 
-The sync driver (``_singleton``) and the async one (``_async``) differ in
-how they wait and close; how a build that an exception cut short is
-settled is one rule, kept here.
+The sync driver (``_singleton``) calls its factory and closes what a build
+retired; the async one (``_async``) awaits both. Everything between is one
+rule, kept here in :class:`BuildRun`: the key's fingerprint, recording the
+build's outcome, settling a build that an exception cut short, and waking
+its waiters. A driver runs a build as::
+
+    run = BuildRun(life, ticket, keyed, clock, wake)
+    try:
+        with run, building(ticket):
+            run.client = factory()  # Or: await factory().
+    finally:
+        try:
+            run.end()
+        finally:
+            close(run.doomed)  # Or: await close(run.doomed).
+
+Whatever is raised, at whatever line (a signal handler's
+``KeyboardInterrupt``, a tracer's injected exception), the ticket is
+settled, its waiters are woken and a built client is made live or closed:
+each step is repeated by the next layer if an exception cut it short, and
+every step is idempotent. An exception before the ``try`` leaves the build
+unbegun; the driver's :meth:`Lifecycle.abandon` settles it.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from poolkeeper._identity import key_fingerprint
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
     from poolkeeper._lifecycle import Lifecycle, Record, Ticket
+
+T = TypeVar("T")
+
+log = logging.getLogger("poolkeeper")
 
 #: No value yet: no client built, no key read.
 NOTHING: Final[Any] = object()
 
 
-def settle(  # noqa: PLR0913, PLR0917 -- what a cut-short build knows.
-    life: Lifecycle[Any],
-    ticket: Ticket,
-    client: object,
-    keyed: bool,  # noqa: FBT001 -- the singleton has a key function.
-    now: float,
-    doomed: list[Record[Any]],
-) -> None:
-    """Finish *ticket*'s build after an exception cut its bookkeeping short.
+class BuildRun(Generic[T]):
+    """One build of *ticket*: its outcome, recorded in *life*."""
 
-    A built *client* is made live (or closed, through *doomed*); without
-    one the build failed with the exception in flight, and anything but an
-    ``Exception`` (a ``KeyboardInterrupt``, a cancellation) lets its waiters
-    retry (see :meth:`Lifecycle.failed`).
-    """
-    if client is NOTHING:
-        life.failed(ticket, sys.exc_info()[1])
-    else:
-        fingerprint = key_fingerprint(keyed, ticket.key.value)
-        life.built(ticket, client, fingerprint, now, doomed)
+    __slots__ = (
+        "client",
+        "clock",
+        "doomed",
+        "fingerprint",
+        "keyed",
+        "life",
+        "ticket",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        life: Lifecycle[T],
+        ticket: Ticket,
+        keyed: bool,  # noqa: FBT001 -- the singleton has a key function.
+        clock: Callable[[], float],
+        wake: Callable[[Any], object],
+    ) -> None:
+        self.life = life
+        self.ticket = ticket
+        self.keyed = keyed
+        self.clock = clock
+        self.wake = wake
+        #: What the factory returned; the driver stores it.
+        self.client: Any = NOTHING
+        self.fingerprint: str | None = None
+        #: The records the build retired: the driver closes them.
+        self.doomed: list[Record[T]] = []
+
+    def __enter__(self) -> None:
+        """Fingerprint the key before the factory runs."""
+        self.fingerprint = key_fingerprint(self.keyed, self.ticket.key.value)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Record the outcome: the client made live, or the failure."""
+        if exc is None:
+            now = self.clock()
+            self.life.built(
+                self.ticket, self.client, self.fingerprint, now, self.doomed
+            )
+        elif self.client is NOTHING:
+            self.life.failed(self.ticket, exc)
+
+    def end(self) -> None:
+        """Settle the build if an exception cut it short; wake its waiters.
+
+        A built client is made live (or closed, through ``doomed``);
+        without one the build failed with the exception in flight, and
+        anything but an ``Exception`` (a ``KeyboardInterrupt``, a
+        cancellation) lets its waiters retry (see :meth:`Lifecycle.failed`).
+        """
+        life, ticket = self.life, self.ticket
+        try:
+            if not ticket.finished:
+                if self.client is NOTHING:
+                    life.failed(ticket, sys.exc_info()[1])
+                else:
+                    fingerprint = key_fingerprint(self.keyed, ticket.key.value)
+                    now = self.clock()
+                    life.built(
+                        ticket, self.client, fingerprint, now, self.doomed
+                    )
+        finally:
+            self.wake(ticket.done)
+
+
+def log_built(name: str, record: Record[Any]) -> None:
+    """Log a build that made *record* live."""
+    log.debug(
+        "Built %s (generation %d, key %s).",
+        name,
+        record.generation,
+        record.fingerprint,
+        extra={
+            "poolkeeper_factory": name,
+            "poolkeeper_generation": record.generation,
+            "poolkeeper_key": record.fingerprint,
+        },
+    )

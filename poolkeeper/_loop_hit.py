@@ -1,6 +1,6 @@
 """The async hit path: one event loop's live client, without the driver.
 
-Each async singleton has a class of its own (see ``make`` in ``_async``).
+Each async singleton has a class of its own (see ``_make``).
 While a pushed key (none, ``keys.env``, ``keys.file``) cannot have changed
 and a loop's client is live, the lifecycle arms that class's ``__call__``
 for that loop: a plain function that checks its arguments and returns a

@@ -3,51 +3,24 @@
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
-import weakref
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Generic,
-    TypeVar,
-    cast,
-    final,
-)
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
-from poolkeeper import _registry, keys
 from poolkeeper._close import Closer, run_each
-from poolkeeper._drive import NOTHING, settle
-from poolkeeper._hit import arm_polled, switch
-from poolkeeper._identity import (
-    Identity,
-    evaluate_key,
-    hash_key,
-    key_fingerprint,
-    no_arguments,
-    report_fork_errors,
-    too_many_rounds,
-)
-from poolkeeper._lease import lease_class
-from poolkeeper._lifecycle import (
-    MAX_ROUNDS,
-    Build,
-    Lifecycle,
-    Serve,
-    constant,
-)
-from poolkeeper._proxy import ClientProxy
-from poolkeeper._waits import building, waiting
+from poolkeeper._drive import NOTHING, BuildRun, log_built
+from poolkeeper._identity import Identity, no_arguments, report_fork_errors
+from poolkeeper._lifecycle import Build, Lifecycle, Serve, constant
+from poolkeeper._rounds import read_key, rounds
+from poolkeeper._sync_methods import SyncMethods
+from poolkeeper._waits import building, ended, waiting
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from contextlib import AbstractContextManager
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
-    from poolkeeper._stats import Statistics
 
     # wrapt ships no type information: type checkers see this plain class
     # and the generic signature below, the runtime gets wrapt's C proxy.
@@ -59,15 +32,8 @@ else:
 T = TypeVar("T")
 
 
-log = logging.getLogger("poolkeeper")
-
-# A waiter re-checks its build this often, so a build whose wake-up was
-# cut short by an exception cannot strand it.
-_POLL = 0.05
-
-
 @final
-class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
+class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
     """A factory turned into a process-wide singleton.
 
     Made by :func:`~poolkeeper.process_singleton`; never instantiated
@@ -88,7 +54,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_slot: Slot
     _self_closer: Closer
 
-    # The hit path. Each singleton has its own subclass (see make), and
+    # The hit path. Each singleton has its own subclass (see _make), and
     # while a client is live and its key cannot have changed, that class's
     # __call__ is a C callable returning the client (see _hit.armed), so a hit
     # runs no Python code and takes no lock. The lifecycle disarms it,
@@ -124,143 +90,57 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             return cast("T", overrides[-1][1])
         return self._acquire(value).client
 
-    def _setup(
-        self,
-        *,
-        key: Callable[[], object] | None,
-        close: Callable[[T], object] | None,
-        after_fork: Callable[[T], object] | None,
-        fork: str,
-        min_rebuild_interval: float,
-    ) -> None:
-        factory = self.__wrapped__
-        name = getattr(factory, "__qualname__", repr(factory))
-        self._self_name = name
-        self._self_key = key
-        # Where the polled hit path finds the key (see _hit.arm_polled).
-        type.__setattr__(type(self), "_poolkeeper_key", key)
-        life: Lifecycle[T] = Lifecycle(
-            name,
-            pushed=key is None,
-            min_interval=min_rebuild_interval,
-            # The lifecycle outlives a dropped singleton (the registry holds
-            # it), so it holds the singleton's class weakly: the class's
-            # polled __call__ holds the key, and a key may reach the
-            # singleton.
-            switch=functools.partial(
-                switch, weakref.ref(type(self)), name, _slow_call
-            ),
-            arm_polled=None
-            if key is None
-            else functools.partial(
-                arm_polled, weakref.ref(type(self)), _slow_call
-            ),
-        )
-        self._self_life = life
-        self._self_slot = life.open_slot(None, None)[0]
-        self._self_closer = Closer(life, close, is_async=False)
-        # Making a lease runs no Python code: lease() is replaced by this
-        # singleton's own lease class.
-        type.__setattr__(
-            type(self),
-            "lease",
-            lease_class(self, life, self._self_slot, self._self_closer, name),
-        )
-        entry = _registry.Entry(
-            life, self._self_closer, after_fork, keep=fork == "keep"
-        )
-        _registry.register(self, entry)
-        # Changes of keys.env and keys.file keys (and tuples of them) are
-        # pushed, not polled: the hit path stays armed until one changes.
-        if key is not None and keys.watch(key, life):
-            life.pushed = True
-
     # -- calls --------------------------------------------------------------
 
     def _acquire(self, value: object) -> Record[T]:
-        # The slot and wake-up of this call's latest request (see abandon).
-        asked: list[Any] = [None, None]
-        try:
-            return self._rounds(value, asked)
-        except BaseException:
-            if self._self_life.abandon(*asked):
-                asked[1].set()
-            raise
-
-    def _rounds(self, value: object, asked: list[Any]) -> Record[T]:
         life = self._self_life
         slot = self._self_slot
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
         me = threading.get_ident()
-        built: Ticket | None = None
-        epoch = life.epoch
-        for _ in range(MAX_ROUNDS):
-            if built is None:
-                # The epoch is read before the key: a change between the
-                # two keeps the hit path disarmed (see Lifecycle.request).
-                epoch = life.epoch
-                if value is NOTHING:
-                    key_hash, key = evaluate_key(
-                        self._self_key, self._self_name
-                    )
-                else:  # Read by the polled hit path, after the epoch.
-                    key_hash, key = hash_key(value, self._self_name)
-                    value = NOTHING
-            else:
-                # The builder is served what it built, if still live.
-                key_hash, key, built = built.key_hash, built.key.value, None
-            done = threading.Event()
-            asked[:] = slot, done
-            step = life.request(slot, key_hash, key, epoch, me, constant(done))
-            if isinstance(step, Serve):
-                return step.record
-            if isinstance(step, Build):
-                self._build(step.ticket)
-                built = step.ticket if step.ticket.record else None
-                continue
-            ticket = step.ticket
-            with waiting(me, ticket):
-                while not ticket.done.wait(_POLL) and not ticket.finished:
-                    pass
-            if ticket.error is not None and ticket.matches(key_hash, key):
-                raise ticket.error
-        raise too_many_rounds(self._self_name, "build")
+        first = read_key(life, self._self_key, self._self_name, value)
+        # The slot, wake-up and epoch of this call's latest request.
+        asked: list[Any] = [None, None, 0]
+        # A thread's slot is never dropped: it is its own replacement.
+        steps = rounds(
+            self, slot, constant(slot), me, threading.Event, asked, first
+        )
+        try:
+            for step in steps:
+                if isinstance(step, Serve):
+                    return step.record
+                if isinstance(step, BaseException):
+                    raise step  # noqa: TRY301 -- the key's or its build's error.
+                ticket = step.ticket
+                if isinstance(step, Build):
+                    self._build(ticket)
+                    continue
+                with waiting(me, ticket):
+                    ended(ticket)
+        except BaseException:
+            if life.abandon(asked[0], asked[1]):
+                asked[1].set()
+            raise
+        raise AssertionError  # pragma: no cover -- rounds() ends the call.
 
     def _build(self, ticket: Ticket) -> None:
         # Runs the factory with no lock held; callers for the same slot
-        # wait on the ticket instead. Whatever is raised, at whatever line
-        # (a signal handler's KeyboardInterrupt included), the ticket is
-        # settled, its waiters are woken and a built client is made live or
-        # closed: each step below is repeated by the next layer if an
-        # exception cut it short.
-        life = self._self_life
+        # wait on the ticket instead. Whatever is raised, at whatever line,
+        # the build ends (see _drive): tests/test_attack_lines.py and
+        # test_guarantees.py cut it at each line.
         keyed = self._self_key is not None
-        client: object = NOTHING
-        doomed: list[Record[T]] = []
+        wake = threading.Event.set
+        run = BuildRun(self._self_life, ticket, keyed, time.monotonic, wake)
         try:
-            try:
-                fp = key_fingerprint(keyed, ticket.key.value)
-                with building(ticket):
-                    client = self.__wrapped__()
-                life.built(ticket, client, fp, time.monotonic(), doomed)
-            # What follows is reached by an exception injected between two
-            # lines: tests/test_attack_lines.py cuts the build at each.
-            except BaseException as exc:
-                if client is NOTHING:
-                    life.failed(ticket, exc)
-                raise
-            finally:
-                if not ticket.finished:
-                    now = time.monotonic()
-                    settle(life, ticket, client, keyed, now, doomed)
+            with run, building(ticket):
+                run.client = self.__wrapped__()
         finally:
             try:
-                ticket.done.set()
+                run.end()
             finally:
-                self._close(doomed)
+                self._close(run.doomed)
         if ticket.record is not None:  # pragma: no branch -- injected.
-            _log_built(self._self_name, ticket.record)
+            log_built(self._self_name, ticket.record)
 
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before
@@ -271,131 +151,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         close = self._self_closer.close
         run_each(functools.partial(close, r) for r in (*doomed, *owed))
 
-    # -- retirement ---------------------------------------------------------
-
-    def reset(self) -> bool:
-        """Retire the live client; the next call builds a new one.
-
-        The retired client is closed now, with no lock held, or when its
-        last lease exits. Within *min_rebuild_interval* seconds of the last
-        build nothing is retired, so an error handler that resets on every
-        failure cannot turn into a build storm.
-
-        Returns:
-            Whether a client was retired.
-        """
-        doomed: list[Record[T]] = []
-        try:
-            return self._self_life.reset(
-                self._self_slot, time.monotonic(), doomed
-            )
-        finally:
-            self._close(doomed)
-
-    def lease(self) -> AbstractContextManager[T]:
-        """Pin the live client for the duration of a ``with`` block.
-
-        If the client is retired meanwhile (key change, ``reset()``,
-        ``close_all()``), its close waits until the last lease on it exits.
-        Use it around work that must not see its client closed underneath.
-
-        Returns:
-            A context manager whose ``with`` block gets the live client,
-            as a call would return it. Enter it once.
-        """
-        # Each singleton's class replaces this method (see _setup).
-        leases = type(self).__dict__["lease"]  # pragma: no cover
-        return cast("AbstractContextManager[T]", leases())  # pragma: no cover
-
-    def proxy(self) -> T:
-        """Return a handle that resolves to the live client on every use.
-
-        Store it where code would store "the client" (a closure, an
-        attribute): attribute access on it goes to the live client, so it
-        follows key rotation and never reaches a retired client. Nothing is
-        built until it is first used. It pickles by reference.
-
-        Returns:
-            A transparent proxy, typed as the client.
-        """
-        return cast("T", ClientProxy(self))
-
-    def current(self) -> T | None:
-        """Return the live client without building one.
-
-        Returns:
-            The live client (or the override), ``None`` if none is live.
-        """
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
-        live = self._self_slot.live
-        return None if live is None else live.client
-
-    def statistics(self) -> Statistics:
-        """Return an immutable snapshot of this singleton's counters.
-
-        Returns:
-            The counters of this process.
-        """
-        return self._self_life.statistics(self._self_slot)
-
-    def __repr__(self) -> str:
-        """Describe the singleton with its key fingerprint, never the key."""
-        live = self._self_slot.live
-        state = (
-            "no live client"
-            if live is None
-            else f"generation {live.generation}, key {live.fingerprint}"
-        )
-        return (
-            f"<poolkeeper.ProcessSingleton {self._self_name} "
-            f"({state}, pid {self._self_life.pid})>"
-        )
-
 
 # The slow path, which a disarmed class gets back as its __call__.
 _slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
-
-
-def _log_built(name: str, record: Record[Any]) -> None:
-    log.debug(
-        "Built %s (generation %d, key %s).",
-        name,
-        record.generation,
-        record.fingerprint,
-        extra={
-            "poolkeeper_factory": name,
-            "poolkeeper_generation": record.generation,
-            "poolkeeper_key": record.fingerprint,
-        },
-    )
-
-
-def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
-    factory: Callable[[], T],
-    *,
-    key: Callable[[], object] | None,
-    close: Callable[[T], object] | None,
-    after_fork: Callable[[T], object] | None,
-    fork: str,
-    min_rebuild_interval: float,
-) -> ProcessSingleton[T]:
-    """Return a new singleton for *factory*, in a subclass of its own."""
-    own = cast(
-        "type[ProcessSingleton[T]]",
-        type(
-            ProcessSingleton.__name__,
-            (ProcessSingleton,),
-            {"__module__": ProcessSingleton.__module__},
-        ),
-    )
-    self = own(factory)
-    self._setup(
-        key=key,
-        close=close,
-        after_fork=after_fork,
-        fork=fork,
-        min_rebuild_interval=min_rebuild_interval,
-    )
-    return self

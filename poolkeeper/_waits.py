@@ -13,11 +13,13 @@ Two checks run before a caller waits for a build in progress:
   that reaches itself would close a cycle.
 
 Stale entries left by an exception between two lines are harmless: a
-finished build is never part of a cycle or of a reentrant wait.
+finished build is never part of a cycle or of a reentrant wait. The waits
+themselves (:func:`ended`, :func:`aended`) poll the build's state too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import threading
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
     from collections.abc import Generator
 
     from poolkeeper._lifecycle import Ticket
+
+#: A waiter re-checks its build this often, so a build whose wake-up was
+#: cut short by an exception cannot strand it.
+POLL = 0.05
 
 # The longest chain of waits followed when looking for a cycle.
 _MAX_CHAIN = 64
@@ -69,6 +75,22 @@ def waiting(owner: object, ticket: Ticket) -> Generator[None, None, None]:
         yield
     finally:
         with _lock: _leave(owner, ticket)  # noqa: E701  # fmt: skip
+
+
+def ended(ticket: Ticket) -> None:
+    """Block the calling thread until *ticket*'s build has ended."""
+    while not ticket.done.wait(POLL) and not ticket.finished:
+        pass
+
+
+async def aended(ticket: Ticket) -> None:
+    """Wait until *ticket*'s build has ended, in a task.
+
+    ``asyncio.wait`` never cancels what it waits for, so a cancelled waiter
+    does not cancel the build.
+    """
+    while not (ticket.finished or ticket.done.done()):
+        await asyncio.wait((ticket.done,), timeout=POLL)
 
 
 def _enter(owner: object, ticket: Ticket) -> tuple[str, ...] | None:

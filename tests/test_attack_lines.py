@@ -193,7 +193,7 @@ class TestBuildNeverBegun:
             if not first.is_set():
                 first.set()
                 # Hold the ticket until the waiters wait for it.
-                assert blocked_in("_rounds", 2)
+                assert blocked_in("_acquire", 2)
                 raise exc
             return begin(self, ticket)
 

@@ -118,10 +118,18 @@ class TestFailedBuild:
         assert client is single()
         assert 1 == single.statistics().builds
 
-    def test_every_waiter_of_a_failed_build_gets_its_error(self):
-        """Callers waiting on a build that fails all receive that error."""
+    @pytest.mark.parametrize(
+        "error",
+        [TimeoutError("api jitter"), StopIteration("no config")],
+        ids=["TimeoutError", "StopIteration"],
+    )
+    def test_every_waiter_of_a_failed_build_gets_its_error(self, error):
+        """Callers waiting on a build that fails all receive that error.
+
+        Unchanged, a StopIteration too (no generator turns it into a
+        RuntimeError on its way).
+        """
         gate = threading.Event()
-        error = TimeoutError("api jitter")
         factory = Factory(gate=gate, fail_with=error)
         single = process_singleton(factory)
         n = 8

@@ -231,4 +231,16 @@ class TestArmedAsyncHit:
 
         frames = asyncio.run(main())
         assert "armed_call" not in frames
-        assert "<lambda>" in frames
+        # The slow path's first round answers it: no lock, no request.
+        expected = [
+            "__call__",
+            "_get",
+            "_acquire",
+            "_slot",
+            "read_key",
+            "evaluate_key",
+            "<lambda>",
+            "hash_key",
+            "matches",
+        ]
+        assert expected == frames

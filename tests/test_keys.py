@@ -8,7 +8,7 @@ import sys
 import threading
 
 import pytest
-from helpers import WAIT, Factory, FakeClient
+from helpers import WAIT, Factory, FakeClient, blocked_in
 
 import poolkeeper
 from poolkeeper import fingerprint, keys, process_singleton
@@ -360,6 +360,40 @@ class TestCustomKeys:
         )
         env.setenv("PK_TEST_URL", "http://127.0.0.1:2")
         assert single() is not old
+
+    def test_key_read_again_after_a_wait_raises_unchanged(self):
+        """A key's StopIteration, read after waiting out a build, is kept."""
+        gate = threading.Event()
+        factory = Factory(gate=gate)
+        state = {"fail": False}
+
+        def key():
+            if state["fail"]:
+                raise StopIteration("exhausted")
+            return 1
+
+        single = process_singleton(key=key)(factory)
+        box: list[BaseException | None] = []
+
+        def catch() -> None:
+            try:
+                single()
+            except BaseException as exc:
+                box.append(exc)
+
+        builder = threading.Thread(target=single)
+        waiter = threading.Thread(target=catch)
+        builder.start()
+        assert factory.entered.wait(WAIT)
+        waiter.start()
+        assert blocked_in("_acquire", 1)
+        state["fail"] = True  # Read again once the build ends.
+        gate.set()
+        builder.join(WAIT)
+        waiter.join(WAIT)
+        assert not builder.is_alive()
+        assert not waiter.is_alive()
+        assert [StopIteration] == [type(exc) for exc in box]
 
     def test_key_error_propagates_and_keeps_the_client(self):
         """A key that raises propagates its error and retires nothing."""

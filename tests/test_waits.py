@@ -7,7 +7,7 @@ import threading
 from helpers import WAIT, Factory, blocked_in
 
 from poolkeeper import process_singleton
-from poolkeeper._singleton import _POLL
+from poolkeeper._waits import POLL
 
 
 class TestLongWait:
@@ -25,7 +25,7 @@ class TestLongWait:
         # The waiter waits for the build (the builder is in its factory).
         assert blocked_in("_acquire", 1)
         # Several poll periods pass while the build is still running.
-        assert not gate.wait(_POLL * 4)
+        assert not gate.wait(POLL * 4)
         gate.set()
         for thread in (builder, waiter):
             thread.join(WAIT)
