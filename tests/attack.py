@@ -120,8 +120,11 @@ class AfterCall:
     def tracer(self, frame, event, arg):
         if event != "call" or frame.f_code is not self.code:
             return None
+        frame.f_trace = self._opcode
         frame.f_trace_opcodes = True
-        frame.f_trace_lines = False
+        # 3.12 applies f_trace_opcodes set here only once the tracer is set
+        # again.
+        sys.settrace(self.tracer)
         return self._opcode
 
     def _opcode(self, frame, event, arg):
