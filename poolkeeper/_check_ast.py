@@ -56,6 +56,10 @@ class _Context:
     cls: str | None = None
 
 
+# A node to visit, and the context it is visited in.
+_Visit = tuple[ast.AST, _Context]
+
+
 def analyze(
     source: str | bytes, clients: dict[tuple[str, str], str]
 ) -> list[Finding]:
@@ -133,50 +137,59 @@ class _Analyzer:
         self.findings.append(finding)
 
     def visit_body(self, body: Iterable[ast.AST], ctx: _Context) -> None:
-        for node in body:
-            self.visit(node, ctx)
+        # Depth first in source order, on a stack of its own rather than
+        # Python's: generated code nests expressions thousands deep (a
+        # chain of `+`, say), past the interpreter's recursion limit.
+        stack = [(node, ctx) for node in reversed(list(body))]
+        while stack:
+            node, where = stack.pop()
+            stack.extend(reversed(self.visit(node, where)))
 
-    def visit(self, node: ast.AST, ctx: _Context) -> None:
+    def visit(self, node: ast.AST, ctx: _Context) -> list[_Visit]:
+        """Note what *node* builds; return its children, in order."""
         if isinstance(node, FUNCTIONS):
-            self.visit_function(node, ctx)
-        elif isinstance(node, ast.ClassDef):
-            self.visit_body(node.decorator_list, ctx)
-            self.visit_body(node.bases, ctx)
-            self.visit_body(node.body, dataclasses.replace(ctx, cls=node.name))
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            head = [node.test] if isinstance(node, ast.While) else [node.iter]
-            self.visit_body(head, ctx)
-            self.visit_body(
-                node.body, dataclasses.replace(ctx, reason=_IN_LOOP)
-            )
-            self.visit_body(node.orelse, ctx)
-        elif isinstance(node, ast.ExceptHandler):
+            return self.visit_function(node, ctx)
+        if isinstance(node, ast.ClassDef):
+            inner = dataclasses.replace(ctx, cls=node.name)
+            return [
+                *_each(node.decorator_list, ctx),
+                *_each(node.bases, ctx),
+                *_each(node.body, inner),
+            ]
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            head = node.test if isinstance(node, ast.While) else node.iter
+            loop = dataclasses.replace(ctx, reason=_IN_LOOP)
+            return [
+                (head, ctx),
+                *_each(node.body, loop),
+                *_each(node.orelse, ctx),
+            ]
+        if isinstance(node, ast.ExceptHandler):
             inner = dataclasses.replace(ctx, reason=_IN_EXCEPT)
-            self.visit_body(node.body, inner)
-        elif isinstance(node, (*_COMPREHENSIONS, ast.GeneratorExp)):
-            self.visit(node.generators[0].iter, ctx)
+            return _each(node.body, inner)
+        if isinstance(node, (*_COMPREHENSIONS, ast.GeneratorExp)):
+            first = node.generators[0].iter
             inner = dataclasses.replace(ctx, reason=_IN_COMPREHENSION)
-            self.visit_body(without(node, node.generators[0].iter), inner)
-        else:
-            if isinstance(node, ast.Call):
-                self.visit_call(node, ctx)
-            self.visit_body(ast.iter_child_nodes(node), ctx)
+            return [(first, ctx), *_each(without(node, first), inner)]
+        if isinstance(node, ast.Call):
+            self.visit_call(node, ctx)
+        return _each(ast.iter_child_nodes(node), ctx)
 
     def visit_function(
         self,
         node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
         ctx: _Context,
-    ) -> None:
+    ) -> list[_Visit]:
         args = node.args
         defaults = [d for d in args.kw_defaults if d is not None]
-        self.visit_body([*args.defaults, *defaults], ctx)
+        outer = _each([*args.defaults, *defaults], ctx)
         body: list[ast.stmt] | list[ast.expr]
         decorators: list[ast.expr] = []
         if isinstance(node, ast.Lambda):
             name, body = "<lambda>", [node.body]
         else:
             name, body, decorators = node.name, node.body, node.decorator_list
-            self.visit_body(decorators, ctx)
+            outer += _each(decorators, ctx)
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
         params += [a for a in (args.vararg, args.kwarg) if a is not None]
         shadowed: dict[str, str | None] = {a.arg: None for a in params}
@@ -196,7 +209,7 @@ class _Analyzer:
         if retry is not None:
             reason = f"in a function retried by @{last_name(retry)}"
         inner = _Context((*ctx.scopes, scope), function, reason)
-        self.visit_body(body, inner)
+        return [*outer, *_each(body, inner)]
 
     def visit_call(self, node: ast.Call, ctx: _Context) -> None:
         function = ctx.function
@@ -246,6 +259,10 @@ class _Analyzer:
             )
         if not (function.is_module or function.is_entry_point):
             self.factories[function.method_of or "", function.name] = built
+
+
+def _each(nodes: Iterable[ast.AST], ctx: _Context) -> list[_Visit]:
+    return [(node, ctx) for node in nodes]
 
 
 def _local_call(node: ast.Call, ctx: _Context) -> tuple[str, str] | None:

@@ -149,6 +149,18 @@ def read(
                     f"cannot check this file: SyntaxError: {exc.msg}",
                 )
                 unchecked.append((path, where))
+            except (RecursionError, MemoryError) as exc:
+                # The parser's own limits (MemoryError: "too complex"), or
+                # a walk deeper than Python's stack: skip this file only.
+                kind = type(exc).__name__
+                where = Finding(
+                    1,
+                    1,
+                    _UNCHECKED,
+                    "cannot check this file: nested too deeply to parse or "
+                    f"walk ({kind})",
+                )
+                unchecked.append((path, where))
             except (ValueError, OSError) as exc:
                 where = Finding(
                     1, 1, _UNCHECKED, f"cannot check this file: {exc}"

@@ -56,6 +56,24 @@ def _changed(name: object) -> None:
             watcher.invalidate()
 
 
+def _notify_after(
+    key: object, store: Callable[..., object], *args: object
+) -> None:
+    # The two layers of set_and_notify, for a store that is a call: the
+    # watchers of *key* are notified whether or not *store* raised, and
+    # again if the first notification was cut short.
+    notified = False
+    try:
+        try:
+            store(*args)
+        finally:
+            _changed(key)
+            notified = True
+    finally:
+        if not notified:
+            _changed(key)
+
+
 def _swap(environ: object) -> bool:
     base = type(environ)
     if getattr(base, "_poolkeeper_watched", False):
@@ -66,33 +84,48 @@ def _swap(environ: object) -> bool:
     # write of the value already there changes nothing and notifies no one.
     # The store is os._Environ.__setitem__'s own four steps, inline (its
     # class is checked below), so the value is encoded once.
+    #
+    # An exception after the store (a signal's, which CPython raises after
+    # any call) must not leave the watchers armed with the old value's
+    # client: the notification is a finally of the store, and a second
+    # layer notifies every watcher again if the first was cut short (as a
+    # lease's exit does). A write that raised before its store may notify:
+    # harmless, the next call reads the key and keeps its client. On the
+    # normal path the layers cost a flag (try blocks are free).
     def set_and_notify(self: Any, key: object, value: object) -> None:  # noqa: ANN401
         name = self.encodekey(key)  # Raises the TypeError base would.
         encoded = self.encodevalue(value)
         data = self._data
         before = data.get(name, _MISSING)
         mark = next(_stores)
-        os.putenv(name, encoded)
-        data[name] = encoded
-        # Another store between the two reads of the count (on any thread)
-        # may have shown a value that was read and armed meanwhile: notify
-        # then too, even if this store left the value as it was.
-        if before != encoded or next(_stores) != mark + 1:
-            # The watchers of this name only, and no frame for _changed.
-            named = key if isinstance(key, str) else _decode(key)
-            for ref in _watchers.get(named, ()):
-                watcher = ref()
-                if watcher is not None:
-                    watcher.invalidate()
+        notified = False
+        try:
+            try:
+                os.putenv(name, encoded)
+                data[name] = encoded
+            finally:
+                # Another store between the two reads of the count (on any
+                # thread) may have shown a value that was read and armed
+                # meanwhile: notify then too, even if this store left the
+                # value as it was.
+                if before != encoded or next(_stores) != mark + 1:
+                    # The watchers of this name only, no frame for _changed.
+                    named = key if isinstance(key, str) else _decode(key)
+                    for ref in _watchers.get(named, ()):
+                        watcher = ref()
+                        if watcher is not None:
+                            watcher.invalidate()
+                notified = True
+        finally:
+            if not notified:
+                _changed(key)
 
     def set_always(self: object, key: object, value: object) -> None:
         # Not the os._Environ layout: every write notifies.
-        base.__setitem__(self, key, value)  # type: ignore[index]
-        _changed(key)
+        _notify_after(key, base.__setitem__, self, key, value)  # type: ignore[index]
 
     def del_and_notify(self: object, key: object) -> None:
-        base.__delitem__(self, key)  # type: ignore[attr-defined]
-        _changed(key)
+        _notify_after(key, base.__delitem__, self, key)  # type: ignore[attr-defined]
 
     # Stores inline only where __setitem__ is os._Environ's own.
     own = getattr(getattr(os, "_Environ", None), "__setitem__", _MISSING)

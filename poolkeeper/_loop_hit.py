@@ -47,6 +47,13 @@ _get_ident = threading.get_ident
 _ON = "_poolkeeper_on"
 _LOOP = "_poolkeeper_loop"
 
+# The flag of each armed class, by the id of the class's weak reference
+# (the lifecycle holds that reference as long as it can arm or disarm).
+# The cycle collector clears that reference before the orphan close of a
+# singleton collected with its class runs, and a call made while armed
+# must still miss then: disarm finds the flag here, not on the class.
+_flags: dict[int, list[bool]] = {}
+
 
 def arm(
     cls_ref: weakref.ReferenceType[type],
@@ -80,6 +87,7 @@ def arm(
             raise TypeError(no_arguments(name, args, kwargs))
         return hit()
 
+    _flags[id(cls_ref)] = on
     type.__setattr__(cls, _ON, on)
     type.__setattr__(cls, _LOOP, loop)
     type.__setattr__(cls, "__call__", staticmethod(armed_call))
@@ -104,7 +112,15 @@ def _hit(
     async def miss() -> object:
         single = single_ref()
         if single is None:  # Dropped after the call, before the await.
-            msg = f"The singleton {name} was garbage collected."
+            # Its clients were closed when it was collected: nothing here
+            # is safe to serve. The call holds it weakly (a strong hold
+            # would cost every armed call, or delay every orphan close).
+            msg = (
+                f"The singleton {name} was garbage collected before this "
+                "call to it was awaited, and its clients were closed; keep "
+                "a reference to the singleton (a module-level name, say) "
+                "until every call to it is awaited."
+            )
             raise ReferenceError(msg)
         return await single._get()
 
@@ -135,8 +151,11 @@ def disarm(cls_ref: weakref.ReferenceType[type], _client: object) -> None:
     The lifecycle's switch: any client (an override) disarms as None does,
     because the slow path serves overrides.
     """
+    flag = _flags.pop(id(cls_ref), None)
+    if flag is not None:
+        flag[0] = False
     cls = cls_ref()
-    if cls is None:  # The singleton is gone; no call can come.
+    if cls is None:  # Gone: only calls made before it can still come.
         return
     on = cls.__dict__.get(_ON)
     if on is not None:

@@ -58,6 +58,8 @@ class Entry:
 _entries: set[Entry] = set()
 _lock = threading.Lock()
 _orphans: collections.deque[Entry] = collections.deque()
+# The arguments of a lock's acquire() that never blocks.
+_NO_WAIT = (False,)
 
 # Clients a forked child inherited: kept referenced so that no finalizer
 # ever runs on them in the child, because their sockets are the parent's.
@@ -105,16 +107,20 @@ def _drain() -> None:
         except IndexError:
             return
         lock = entry.life.lock
-        acquired = False
+        # Taken without blocking and noted in one C call: CPython runs
+        # signal handlers when a call returns, so a KeyboardInterrupt
+        # between an acquire() and the store of its result would leave the
+        # lock held for ever. extend() appends acquire's answer before
+        # control is back in this frame; the finally reads only the list.
+        held: list[bool] = []
         try:
-            # One line: nothing can interrupt between taking and noting.
-            acquired = lock.acquire(blocking=False)
-            if acquired:
+            held.extend(map(lock.acquire, _NO_WAIT))
+            if held[0]:
                 _close([entry])
             else:
                 _orphans.append(entry)
         finally:
-            if acquired:
+            if held and held[0]:
                 lock.release()
 
 

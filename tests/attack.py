@@ -9,7 +9,9 @@ runs (to cut a transition short at every possible point).
 from __future__ import annotations
 
 import contextlib
+import dis
 import gc
+import itertools
 import linecache
 import sys
 import threading
@@ -105,6 +107,54 @@ class Inject:
                 self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
                 raise self.exc
         return self._line
+
+
+class AfterCall:
+    """Raises *exc* right after the *n*-th call that *code* makes returns.
+
+    CPython runs signal handlers (a ``KeyboardInterrupt``) when a call
+    returns and on backward jumps, not between any two instructions: this
+    raises where a signal can, before the instruction that follows a call
+    in *code*'s own frame (not in the functions it calls).
+    """
+
+    def __init__(self, code, n: int, exc: type[BaseException]) -> None:
+        self.code = code
+        self.n = n
+        self.exc = exc
+        self.seen = 0
+        self.fired: str | None = None
+        instructions = list(dis.get_instructions(code))
+        self.points = {
+            after.offset
+            for call, after in itertools.pairwise(instructions)
+            if call.opname.startswith("CALL")
+        }
+
+    def tracer(self, frame, event, arg):
+        if event != "call" or frame.f_code is not self.code:
+            return None
+        frame.f_trace = self._opcode
+        frame.f_trace_opcodes = True
+        # 3.12 applies f_trace_opcodes set here only once the tracer is set
+        # again.
+        sys.settrace(self.tracer)
+        return self._opcode
+
+    def _opcode(self, frame, event, arg):
+        if (
+            event == "opcode"
+            and self.fired is None
+            and frame.f_lasti in self.points
+        ):
+            self.seen += 1
+            if self.seen == self.n:
+                source = linecache.getline(
+                    frame.f_code.co_filename, frame.f_lineno
+                )
+                self.fired = f"{frame.f_lineno}: {source.strip()}"
+                raise self.exc
+        return self._opcode
 
 
 def run(target: Callable[[], object]) -> tuple[threading.Thread, list[object]]:

@@ -29,6 +29,14 @@ def armed_loop(single) -> object:
     return type(single).__dict__.get("_poolkeeper_loop")
 
 
+async def armed(single) -> object:
+    """Await *single* until its hit path is armed; return its client."""
+    client = await single()
+    assert client is await single()
+    assert is_armed(single)
+    return client
+
+
 def stop(*threads: LoopThread) -> None:
     """Shut each loop down the way asyncio.run() does, then stop it."""
     for thread in threads:
@@ -408,3 +416,55 @@ class TestDroppedBeforeTheAwait:
         finally:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+
+    def test_the_error_names_the_factory_and_what_to_do(self, env):
+        """The ReferenceError says which singleton, and to keep it alive."""
+
+        async def main():
+            @process_singleton(key=keys.env(env))
+            async def make_client():
+                return FakeClient()
+
+            await armed(make_client)
+            coro = make_client()
+            del make_client
+            gc.collect()
+            with pytest.raises(ReferenceError) as caught:
+                await coro
+            return str(caught.value)
+
+        message = asyncio.run(main())
+        assert "main.<locals>.make_client" in message
+        assert "keep a reference to the singleton" in message
+
+    def test_collected_with_its_class_in_a_cycle_serves_no_closed_client(
+        self, env
+    ):
+        """Collected by the cycle collector: the pending call does not hit.
+
+        The collector clears the weak reference to the singleton's class
+        before the orphan close disarms it; the call made while armed must
+        still miss (and raise), not return the client that close closed.
+        """
+
+        async def main():
+            @process_singleton(key=keys.env(env))
+            async def single():
+                return FakeClient()
+
+            client = await armed(single)
+            coro = single()
+            cycle: list[object] = [single]
+            cycle.append(cycle)
+            del single, cycle
+            gc.collect()
+            await asyncio.sleep(0)  # Room for a close put on the loop.
+            try:
+                served = await coro
+            except ReferenceError:
+                served = None
+            return client, served
+
+        client, served = asyncio.run(main())
+        assert served is None
+        assert [os.getpid()] == client.closes

@@ -283,6 +283,38 @@ class TestExitStatus:
         assert ["PK000", "PK001", "PK002"] == codes
         assert "Could not check 1 file(s)." in err
 
+    def test_deeply_nested_expression_is_checked(self, tmp_path, capsys):
+        """A 2,000-deep expression (generated code) is walked, not a crash.
+
+        Deeper than Python's recursion limit, within every parser's.
+        """
+        deep = "TABLE = 1" + " + 1" * 2_000 + "\n"
+        source = (
+            f"import httpx\n{deep}for _ in range(3):\n    httpx.Client()\n"
+        )
+        (tmp_path / "generated.py").write_text(source, encoding="utf-8")
+        assert 1 == main(["check", str(tmp_path)])
+        out, err = capsys.readouterr()
+        assert [f"{tmp_path / 'generated.py'}:4:5: PK002"] == [
+            line.partition(" httpx")[0] for line in out.splitlines()
+        ]
+        assert "Recursion" not in err
+
+    def test_too_deep_to_parse_is_reported_and_skipped(self, tmp_path, capsys):
+        """Nested past the parser's limit: PK000, and the rest is checked."""
+        deep = "x = " + "-" * 100_000 + "1\n"
+        (tmp_path / "deep.py").write_text(deep, encoding="utf-8")
+        shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        assert 2 == main(["check", str(tmp_path)])
+        out, err = capsys.readouterr()
+        lines = out.splitlines()
+        assert lines[0].startswith(
+            f"{tmp_path / 'deep.py'}:1:1: PK000 cannot check this file: "
+            "nested too deeply"
+        )
+        assert ["PK000", "PK001", "PK002"] == [x.split()[1] for x in lines]
+        assert "Could not check 1 file(s)." in err
+
     def test_unreadable_file(self, tmp_path, capsys):
         """A file that cannot be read (a dangling link) is PK000: 2."""
         (tmp_path / "gone.py").symlink_to(tmp_path / "missing.py")

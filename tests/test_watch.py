@@ -9,14 +9,16 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 import warnings
 from pathlib import Path
 
 import pytest
+from helpers import WAIT, fork_and_check
 
 import poolkeeper
-from poolkeeper import PoolLeakWarning, _watch, _watch_patch
+from poolkeeper import PoolLeakWarning, _watch, _watch_census, _watch_patch
 from poolkeeper._clients import WATCHED_CLASSES
 
 _SDK_SOURCE = textwrap.dedent(
@@ -555,3 +557,54 @@ class TestSharedPatches:
             warnings.simplefilter("error", PoolLeakWarning)
             kept = build(module.Client, 3)
         assert [0, 1, 2] == [c.number for c in kept]
+
+
+class TestFork:
+    @pytest.mark.parametrize("which", ["registry", "census"])
+    def test_a_lock_held_by_another_thread_is_fresh_in_the_child(
+        self, sdk, which
+    ):
+        """A child forked while a thread held watch's lock counts and builds.
+
+        The thread holding it does not exist in the child: without a new
+        lock there, the child's next count or construction would hang.
+        """
+        if not hasattr(os, "fork"):
+            pytest.skip("needs os.fork")
+        poolkeeper.watch(f"{sdk}:Client")
+        module = importlib.import_module(sdk)
+        clients = build(module.Client, 2)
+        name = f"{sdk}.Client"
+        lock = (
+            _watch._registry_lock
+            if which == "registry"
+            else _watch_census.lock
+        )
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with lock:
+                held.set()
+                # Past fork_and_check's bound on a hung child.
+                assert release.wait(WAIT * 4)
+
+        def child() -> bool:
+            before = _watch.live_counts()[name]
+            more = module.Client()  # Its census entry takes the lock too.
+            poolkeeper.watch(f"{sdk}:Inherited")  # So does watching more.
+            counts = (before, _watch.live_counts()[name])
+            del more
+            return (2, 3) == counts
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        try:
+            assert held.wait(WAIT)
+            code = fork_and_check(child)
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        assert 0 == code
+        assert 2 == _watch.live_counts()[name]
+        assert 2 == len(clients)
