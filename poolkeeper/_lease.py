@@ -117,7 +117,12 @@ class Lease(Generic[T]):
             msg = "A lease is entered once; call lease() for another."
             raise RuntimeError(msg)
         if single is None:  # Dropped between lease() and entering it.
-            msg = f"The singleton {self._name} was garbage collected."
+            msg = (
+                f"The singleton {self._name} was garbage collected before "
+                "this lease was entered, and its clients were closed; keep "
+                "a reference to the singleton (a module-level name, say) "
+                "while its leases are in use."
+            )
             raise ReferenceError(msg)
         life, slot = self._life, self._slot
         for _ in range(MAX_ROUNDS):
