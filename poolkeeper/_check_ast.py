@@ -40,7 +40,7 @@ from poolkeeper._check_scope import (
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["analyze", "analyze_module"]
+__all__ = ["analyze_module"]
 
 _COMPREHENSIONS: Final = (ast.ListComp, ast.SetComp, ast.DictComp)
 _IN_LOOP: Final = "inside a loop"
@@ -58,28 +58,6 @@ class _Context:
 
 # A node to visit, and the context it is visited in.
 _Visit = tuple[ast.AST, _Context]
-
-
-def analyze(
-    source: str | bytes, clients: dict[tuple[str, str], str]
-) -> list[Finding]:
-    """Return the findings in *source*, in no particular order.
-
-    Args:
-        source: A module's source code.
-        clients: From :func:`client_table`.
-
-    Raises:
-        SyntaxError: If *source* does not parse.
-
-    .. versionadded:: 0.1
-    """
-    text = source.decode("latin-1") if isinstance(source, bytes) else source
-    # A module that never names a client's package cannot build one; most
-    # do not, and parsing is most of the cost.
-    if not any(package in text for package, _ in clients):
-        return []
-    return analyze_module(ast.parse(source), clients).findings
 
 
 def analyze_module(
@@ -221,7 +199,7 @@ class _Analyzer:
         if built is None:
             if ctx.reason is None:
                 return
-            local = _local_call(node, ctx)
+            local = ctx.function.local_key(node)
             if local is not None and (dotted is None or "." not in dotted):
                 self.calls.append((node, local, ctx.reason))
             elif dotted is not None:
@@ -263,18 +241,3 @@ class _Analyzer:
 
 def _each(nodes: Iterable[ast.AST], ctx: _Context) -> list[_Visit]:
     return [(node, ctx) for node in nodes]
-
-
-def _local_call(node: ast.Call, ctx: _Context) -> tuple[str, str] | None:
-    """Return the factory key of ``f()`` or ``self.f()``, if it is one."""
-    func = node.func
-    if isinstance(func, ast.Name):
-        return "", func.id
-    if (
-        isinstance(func, ast.Attribute)
-        and isinstance(func.value, ast.Name)
-        and func.value.id in {"self", "cls"}
-        and ctx.function.method_of is not None
-    ):
-        return ctx.function.method_of, func.attr
-    return None

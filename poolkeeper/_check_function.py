@@ -59,6 +59,20 @@ class Function:
     closed: set[int] = dataclasses.field(default_factory=set[int])
     kept: set[int] = dataclasses.field(default_factory=set[int])
 
+    def local_key(self, node: ast.Call) -> tuple[str, str] | None:
+        """Return the factory key of ``f()`` or ``self.f()`` called here."""
+        func = node.func
+        if isinstance(func, ast.Name):
+            return "", func.id
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in {"self", "cls"}
+            and self.method_of is not None
+        ):
+            return self.method_of, func.attr
+        return None
+
 
 def wrapped_functions(tree: ast.Module) -> Iterator[str]:
     """Yield the names passed to ``process_singleton(...)`` and the like."""
