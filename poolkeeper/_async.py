@@ -21,7 +21,7 @@ from poolkeeper import _loop_end, _loop_hit
 from poolkeeper._async_methods import AsyncMethods
 from poolkeeper._close import _LOOP_HINT, Closer, arun_each
 from poolkeeper._close_anywhere import aclose_here
-from poolkeeper._drive import BuildRun
+from poolkeeper._drive import BuildRun, log_built
 from poolkeeper._identity import (
     Identity,
     no_arguments,
@@ -192,6 +192,8 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
                 run.end()
             finally:
                 await self._close(run.doomed)
+        if ticket.record is not None:  # pragma: no branch -- injected.
+            log_built(self._self_name, ticket.record)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         closer = self._self_closer

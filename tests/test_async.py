@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 
@@ -151,6 +152,29 @@ class TestBuild:
 
         with pytest.raises(ReentrantBuildError, match="make_client"):
             asyncio.run(make_client())
+
+
+class TestBuildLog:
+    def test_a_build_is_logged_as_a_sync_one_is(self, caplog, monkeypatch):
+        """DEBUG "Built ..." with generation and fingerprint, no secret."""
+        secret = "sk-async-log-secret"
+        monkeypatch.setenv("PK_ASYNC_LOG_KEY", secret)
+        caplog.set_level(logging.DEBUG, logger="poolkeeper")
+        single, _ = make(key=poolkeeper.keys.env("PK_ASYNC_LOG_KEY"))
+
+        async def main():
+            await single()
+            await single()  # A hit: not logged again.
+            return single.statistics()
+
+        stats = asyncio.run(main())
+        built = [r for r in caplog.records if "Built" in r.getMessage()]
+        assert 1 == len(built)
+        record = built[0]
+        assert "make.<locals>.build" == record.poolkeeper_factory
+        assert 1 == record.poolkeeper_generation
+        assert stats.key_fingerprint == record.poolkeeper_key
+        assert secret not in caplog.text
 
 
 class TestLoops:
