@@ -42,8 +42,11 @@ class Identity(Generic[T]):
     # __getattribute__ as a method (a bound wrapper made per read, about
     # 1,000 instructions). That __getattribute__ does what object's does,
     # then falls back to __getattr__, as the hook does itself: with
-    # object's here, the hook reads the attribute directly.
-    __getattribute__ = object.__getattribute__
+    # object's here, the hook reads the attribute directly. (Hidden from
+    # type checkers: to them it changes nothing, and is an override of
+    # wrapt's without annotations.)
+    if not TYPE_CHECKING:
+        __getattribute__ = object.__getattribute__
 
     def __hash__(self) -> int:
         """Hash by identity."""
