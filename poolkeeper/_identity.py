@@ -43,7 +43,12 @@ class Identity(Generic[T]):
     # 1,000 instructions). That __getattribute__ does what object's does,
     # then falls back to __getattr__, as the hook does itself: with
     # object's here, the hook reads the attribute directly.
-    __getattribute__ = object.__getattribute__
+    if TYPE_CHECKING:  # Annotated: type checkers cannot infer the alias.
+
+        def __getattribute__(self, name: str, /) -> Any: ...  # noqa: ANN401
+
+    else:
+        __getattribute__ = object.__getattribute__
 
     def __hash__(self) -> int:
         """Hash by identity."""
