@@ -114,7 +114,14 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
         loop = asyncio.get_running_loop()
         life = self._self_life
         slot = life.slots.get(id(loop))
-        if slot is not None and slot.loop is not None and slot.loop() is loop:
+        # Hooked too: a slot made by a call cut short before it hooked the
+        # loop's end would never be closed there.
+        if (
+            slot is not None
+            and slot.hook is not None
+            and slot.loop is not None
+            and slot.loop() is loop
+        ):
             return slot
         slot, stale = life.open_slot(id(loop), weakref.ref(loop))
         lost: list[Record[T]] = []
@@ -186,7 +193,7 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
         )
         try:
             with run, building(ticket):
-                run.client = await self.__wrapped__()
+                run.made[None] = await self.__wrapped__()
         finally:
             try:
                 run.end()

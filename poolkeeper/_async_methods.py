@@ -66,23 +66,28 @@ class AsyncMethods(Generic[T]):
         if overrides:
             yield cast("T", overrides[-1][1])
             return
-        record: Record[T] | None = None
+        # The leased record, set and cleared under the lock by the lines
+        # that count the lease (see Lifecycle.lease).
+        held: list[Record[T]] = []
         try:
             for _ in range(MAX_ROUNDS):
                 candidate = await self._acquire()
-                if life.lease(candidate.slot, candidate):
-                    record = candidate
+                if life.lease(candidate.slot, candidate, held):
                     break
             else:
                 raise too_many_rounds(self._self_name, "lease")
-            yield record.client
+            yield held[0].client
         finally:
-            if record is not None:
-                doomed: list[Record[T]] = []
+            # Each layer ends the lease if an exception cut the one before
+            # short (unlease is idempotent), then the doomed are closed.
+            doomed: list[Record[T]] = []
+            try:
                 try:
-                    life.unlease(record, doomed)
+                    life.unlease(held, doomed)
                 finally:
-                    await self._close(doomed)
+                    life.unlease(held, doomed)
+            finally:
+                await self._close(doomed)
 
     def current(self) -> T | None:
         """Return the running loop's live client without building one.

@@ -59,6 +59,8 @@ class Closer:
     def _start(self, record: Record[Any]) -> tuple[bool, object]:
         """Call the close hook; return (whether it ran, what it returned)."""
         name = self.life.name
+        # The record while this close holds its claim and has not begun.
+        taken: list[Record[Any]] = []
         try:
             run = self._resolve(record.client)
             if run is not None:
@@ -66,15 +68,19 @@ class Closer:
                 # line: a close cut short before it began is still owed
                 # (close_all() does it), and one another close took is not
                 # run twice.
-                return (True, run()) if self.life.claim(record) else (False, None)  # noqa: E501  # fmt: skip
+                return (True, _begin(taken, run)) if self.life.claim(record, taken) else (False, None)  # noqa: E501  # fmt: skip
             claimed = self.life.claim(record)
         except Exception as exc:  # noqa: BLE001 -- logged, counted, not raised.
             self.life.claim(record)  # Failed: no longer owed.
             self.failed(record, exc)
             return False, None
         except BaseException:
+            if taken:
+                # Claimed, but cut short before the hook began (a signal
+                # after the claim returned): owed again.
+                self.life.owe(record)
             # Counted if it was this close's to run: one cut short before
-            # its claim is still owed, and counted when it runs.
+            # it began is still owed, and counted when it runs.
             if not self.life.owes(record):
                 self.life.closed(ok=False)
             raise
@@ -171,6 +177,11 @@ class Closer:
         )
         log.warning(message, extra=_extra(self.life.name, record))
         warnings.warn(message, UnclosedClientWarning, stacklevel=_user_level())
+
+
+def _begin(taken: list[Record[Any]], run: Callable[[], object]) -> object:
+    """Run a claimed close; its first line says it began (see _start)."""
+    taken[:] = (); return run()  # noqa: E702  # fmt: skip
 
 
 _LOOP_HINT = (

@@ -6,10 +6,10 @@ rule, kept here in :class:`BuildRun`: the key's fingerprint, recording the
 build's outcome, settling a build that an exception cut short, and waking
 its waiters. A driver runs a build as::
 
-    run = BuildRun(life, ticket, keyed, clock, wake)
+    run = BuildRun(life, ticket, keyed, clock, wake, factory=factory)
     try:
         with run, building(ticket):
-            run.client = factory()  # Or: await factory().
+            run.made[None]  # Or: run.made[None] = await factory().
     finally:
         try:
             run.end()
@@ -22,10 +22,18 @@ settled, its waiters are woken and a built client is made live or closed:
 each step is repeated by the next layer if an exception cut it short, and
 every step is idempotent. An exception before the ``try`` leaves the build
 unbegun; the driver's :meth:`Lifecycle.abandon` settles it.
+
+The client goes to ``made`` as the factory returns it, with no Python
+instruction between (a signal handler's exception lands between a call
+and the instruction after it): a sync factory is called by ``made``'s
+``__missing__`` (a ``defaultdict``), which stores what it returns before
+control is back in the driver; an awaited one's result is stored by the
+instruction that ends the ``await``.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
@@ -50,31 +58,36 @@ class BuildRun(Generic[T]):
     """One build of *ticket*: its outcome, recorded in *life*."""
 
     __slots__ = (
-        "client",
         "clock",
         "doomed",
         "fingerprint",
         "keyed",
         "life",
+        "made",
         "ticket",
         "wake",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 -- a sync driver's factory too.
         self,
         life: Lifecycle[T],
         ticket: Ticket,
         keyed: bool,  # noqa: FBT001 -- the singleton has a key function.
         clock: Callable[[], float],
         wake: Callable[[Any], object],
+        *,
+        factory: Callable[[], T] | None = None,
     ) -> None:
         self.life = life
         self.ticket = ticket
         self.keyed = keyed
         self.clock = clock
         self.wake = wake
-        #: What the factory returned; the driver stores it.
-        self.client: Any = NOTHING
+        #: What the factory returned, under the key None: stored there by
+        #: the driver (async), or by looking it up (sync: the factory).
+        self.made: dict[None, Any] = (
+            {} if factory is None else collections.defaultdict(factory)
+        )
         self.fingerprint: str | None = None
         #: The records the build retired: the driver closes them.
         self.doomed: list[Record[T]] = []
@@ -90,12 +103,13 @@ class BuildRun(Generic[T]):
         tb: TracebackType | None,
     ) -> None:
         """Record the outcome: the client made live, or the failure."""
+        made = self.made
         if exc is None:
             now = self.clock()
             self.life.built(
-                self.ticket, self.client, self.fingerprint, now, self.doomed
+                self.ticket, made[None], self.fingerprint, now, self.doomed
             )
-        elif self.client is NOTHING:
+        elif None not in made:
             self.life.failed(self.ticket, exc)
 
     def end(self) -> None:
@@ -109,14 +123,13 @@ class BuildRun(Generic[T]):
         life, ticket = self.life, self.ticket
         try:
             if not ticket.finished:
-                if self.client is NOTHING:
+                if None not in self.made:
                     life.failed(ticket, sys.exc_info()[1])
                 else:
+                    client = self.made[None]
                     fingerprint = key_fingerprint(self.keyed, ticket.key.value)
                     now = self.clock()
-                    life.built(
-                        ticket, self.client, fingerprint, now, self.doomed
-                    )
+                    life.built(ticket, client, fingerprint, now, self.doomed)
         finally:
             self.wake(ticket.done)
 

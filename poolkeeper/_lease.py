@@ -19,7 +19,9 @@ record closed and ends itself under the lock. An unpin removes the entry,
 then reads the flag the same way: open, and the retirement will not see
 it; closed, and the lock decides who closes. Without the GIL (free-
 threaded builds, where ``sys._is_gil_enabled()`` is false), both steps
-take the lifecycle's lock instead.
+take the lifecycle's lock instead: a pin is added under it, and an unpin,
+whose first removal of the entry is one dictionary operation (atomic
+there too), always finds the flag cleared and ends under it.
 
 An exception may land at any line (a signal handler's
 ``KeyboardInterrupt``): no line that adds or removes a pin calls
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from poolkeeper._lifecycle import Lifecycle, Slot
 
 T = TypeVar("T")
+
+_ONCE = "A lease is entered once; call lease() for another."
 
 
 class Lease(Generic[T]):
@@ -79,15 +83,13 @@ class Lease(Generic[T]):
 
     def __enter__(self) -> T:
         """Pin the live client (building it if needed) and return it."""
+        if self.pin is not None:
+            # Before the try: refused, a lease still in use keeps its pin.
+            raise RuntimeError(_ONCE)
         ref, slot, life, lock_free = self._hot
         single: Callable[[], T] | None = ref()
         try:
-            if (
-                lock_free
-                and single is not None
-                and not life.overrides
-                and self.pin is None
-            ):
+            if lock_free and single is not None and not life.overrides:
                 # The hit path (armed: no Python frame), then pin the live
                 # record if it still holds what the call returned.
                 client = single()
@@ -113,9 +115,6 @@ class Lease(Generic[T]):
 
     def _enter(self, single: Callable[[], T] | None) -> T:
         # The slow path: errors, overrides, a client retired meanwhile.
-        if self.pin is not None:
-            msg = "A lease is entered once; call lease() for another."
-            raise RuntimeError(msg)
         if single is None:  # Dropped between lease() and entering it.
             msg = (
                 f"The singleton {self._name} was garbage collected before "

@@ -130,10 +130,20 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
         # test_guarantees.py cut it at each line.
         keyed = self._self_key is not None
         wake = threading.Event.set
-        run = BuildRun(self._self_life, ticket, keyed, time.monotonic, wake)
+        factory = self.__wrapped__
+        run = BuildRun(
+            self._self_life,
+            ticket,
+            keyed,
+            time.monotonic,
+            wake,
+            factory=factory,
+        )
         try:
             with run, building(ticket):
-                run.client = self.__wrapped__()
+                # The factory runs and its client is stored in one lookup:
+                # no signal lands between the two (see _drive).
+                run.made[None]
         finally:
             try:
                 run.end()

@@ -125,10 +125,18 @@ class AfterCall:
         self.seen = 0
         self.fired: str | None = None
         instructions = list(dis.get_instructions(code))
+        # A signal's exception is raised by the call's own instruction, so
+        # the handlers around the call take it. Raising at the instruction
+        # after a call stands for that only where the same handler covers
+        # both: not after the call in ``return f()`` inside a ``try``
+        # (3.11+ ends the protected range before the return).
+        handler = _handlers(code)
         self.points = {
             after.offset
             for call, after in itertools.pairwise(instructions)
             if call.opname.startswith("CALL")
+            and not call.opname.startswith("CALL_INTRINSIC")  # Not a call.
+            and handler(call.offset) == handler(after.offset)
         }
 
     def tracer(self, frame, event, arg):
@@ -155,6 +163,19 @@ class AfterCall:
                 self.fired = f"{frame.f_lineno}: {source.strip()}"
                 raise self.exc
         return self._opcode
+
+
+def _handlers(code) -> Callable[[int], int | None]:
+    """Map an offset of *code* to the target of the handler covering it."""
+    entries = getattr(dis.Bytecode(code), "exception_entries", ())
+
+    def handler(offset: int) -> int | None:
+        for entry in entries:
+            if entry.start <= offset < entry.end:
+                return entry.target
+        return None  # No handler, or 3.10: its block stack covers both.
+
+    return handler
 
 
 def run(target: Callable[[], object]) -> tuple[threading.Thread, list[object]]:

@@ -24,6 +24,8 @@ CLOSE_PATH = {
     "_extra",
     "run",
     "claim",
+    "_begin",
+    "owe",
     "owes",
     "<genexpr>",
 }
@@ -360,6 +362,23 @@ class TestLeaseObject:
             pass
         with pytest.raises(RuntimeError, match="entered once"):
             lease.__enter__()
+        assert 0 == single.statistics().leases
+
+    def test_entering_a_lease_again_inside_it_keeps_its_pin(self):
+        """A second enter, refused, leaves the first one's pin in place.
+
+        The refusal ended the pin of the lease still in use, so a reset
+        closed the client under the with block.
+        """
+        single, _ = _built()
+        lease = single.lease()
+        with lease as client:
+            with pytest.raises(RuntimeError, match="entered once"):
+                lease.__enter__()
+            assert 1 == single.statistics().leases
+            assert single.reset()
+            assert not client.closed
+        assert 1 == len(client.closes)
         assert 0 == single.statistics().leases
 
     def test_override_lease_is_entered_once_too(self):

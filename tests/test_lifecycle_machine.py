@@ -116,7 +116,8 @@ class LifecycleRules(RuleBasedStateMachine):
         # (epoch, key) for every value the environment has held.
         self.history: list[tuple[int, object]] = [(0, self.env)]
         self.pending: list[Ticket] = []
-        self.leased: list[Record[Client]] = []
+        # Each async lease's held list (see Lifecycle.lease).
+        self.leased: list[list[Record[Client]]] = []
         # Sync leases (_lease.py's lock-free steps): pinned, not yet
         # checked against the record's open flag; and pinned, in use.
         self.pinning: list[Holder] = []
@@ -268,16 +269,20 @@ class LifecycleRules(RuleBasedStateMachine):
         slot = self.slots[at % len(self.slots)]
         record = slot.live
         if record is not None:
-            assert self.life.lease(slot, record)
-            self.leased.append(record)
+            held: list[Record[Client]] = []
+            assert self.life.lease(slot, record, held)
+            assert [record] == held
+            self.leased.append(held)
 
     @precondition(lambda self: self.leased)
     @rule(at=AT)
     def unlease(self, at: int) -> None:
         """End a lease; a retired record may be closed now."""
-        record = self.leased.pop(at % len(self.leased))
+        held = self.leased.pop(at % len(self.leased))
         doomed: list[Record[Client]] = []
-        self.life.unlease(record, doomed)
+        self.life.unlease(held, doomed)
+        assert [] == held
+        self.life.unlease(held, doomed)  # Idempotent.
         self._close(doomed)
 
     # -- the sync lease's steps, as _lease.py runs them without the lock ----
@@ -484,9 +489,9 @@ class LifecycleRules(RuleBasedStateMachine):
         """Drain: builds fail, leases end, everything closes exactly once."""
         for ticket in self.pending:
             self.life.failed(ticket, None)
-        for record in self.leased:
+        for held in self.leased:
             doomed: list[Record[Client]] = []
-            self.life.unlease(record, doomed)
+            self.life.unlease(held, doomed)
             self._close(doomed)
         while self.pinning:
             self.check_pin(0)
@@ -743,7 +748,8 @@ class TestRegressions:
         client = Client("a")
         self._build(life, slot, client)
         leased = slot.live
-        assert life.lease(slot, leased)
+        held: list[Record[Client]] = []
+        assert life.lease(slot, leased, held)
         step = life.request(slot, hash("b"), "b", life.epoch, None, object)
         assert isinstance(step, Build)
         doomed: list[Record[Client]] = []
@@ -753,7 +759,7 @@ class TestRegressions:
         life.close_slot(slot, doomed)
         assert [client] == [r.client for r in doomed]
         after: list[Record[Client]] = []
-        life.unlease(leased, after)
+        life.unlease(held, after)
         assert [] == after
 
 

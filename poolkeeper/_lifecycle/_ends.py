@@ -37,11 +37,16 @@ class Ends(State[T]):
         for record in out:
             if not self._shared(record, (*rest, *close)):
                 close.append(record)
+        # And the slot's closes owed from before: decided, then cut short
+        # before they began (a signal between deciding and awaiting them).
+        # The loop's end is their last chance.
+        close.extend(r for r in self.owed if r.slot is slot)
         for record in out:
             record.open, record.state = False, ClientState.CLOSED
         if self.slots.get(slot.key) is slot:
             del self.slots[slot.key]
-        owed = (*self.owed, *close)
+        kept = (r for r in self.owed if r.slot is not slot)
+        owed = (*kept, *close)
         slot.live, slot.retired, slot.dropped, doomed[:], self.owed = None, (), True, close, owed  # noqa: E501  # fmt: skip
 
     @locked
@@ -75,14 +80,30 @@ class Ends(State[T]):
         doomed[:] = out
 
     @locked
-    def claim(self, record: Record[Any]) -> bool:
-        """Take *record*'s owed close; False if another close took it."""
+    def claim(
+        self, record: Record[Any], taken: list[Record[Any]] | None = None
+    ) -> bool:
+        """Take *record*'s owed close; False if another close took it.
+
+        With *taken*, the record goes there on the line that takes it: a
+        signal's exception can land after this returns and before its
+        caller sees True (when the lock's release returns), and the caller
+        still knows it holds the close (see ``Closer._start``).
+        """
         owed = self.owed
         rest = tuple(r for r in owed if r is not record)
         if len(rest) == len(owed):
             return False
-        # One line: no exception lands between taking it and saying so.
-        self.owed = rest; return True  # noqa: E702  # fmt: skip
+        if taken is None:
+            # One line: no exception lands between taking it and saying so.
+            self.owed = rest; return True  # noqa: E702  # fmt: skip
+        self.owed, taken[:] = rest, (record,); return True  # noqa: E702  # fmt: skip
+
+    @locked
+    def owe(self, record: Record[Any]) -> None:
+        """Owe *record*'s close again: claimed, it never began."""
+        if not self.owes(record):
+            self.owed = (*self.owed, record)
 
     def owes(self, record: Record[Any]) -> bool:
         """Whether *record*'s close is owed: decided, not yet claimed."""

@@ -19,25 +19,36 @@ T = TypeVar("T")
 class Leases(State[T]):
     """Pins and their ends."""
 
+    # The async lease's: *held* holds the record while the lease does, set
+    # and cleared on the line that counts it. A signal's exception can land
+    # when these return (as the lock is released), before the caller sees
+    # what they did: *held* still says whether the lease is to be ended.
+
     @locked
-    def lease(self, slot: Slot, record: Record[T]) -> bool:
+    def lease(self, slot: Slot, record: Record[T], held: list[Any]) -> bool:
         """Pin *record* if it is still live; return whether it was."""
         if record is not slot.live or record.state is not ClientState.LIVE:
             return False
-        record.leases += 1
+        record.leases, held[:] = record.leases + 1, (record,)
         return True
 
     @locked
-    def unlease(self, record: Record[T], doomed: list[Record[T]]) -> None:
-        """End a lease; a retired record whose last lease ends is doomed."""
+    def unlease(self, held: list[Any], doomed: list[Record[T]]) -> None:
+        """End the lease *held* holds, if any; idempotent.
+
+        A retired record whose last lease ends is doomed.
+        """
+        if not held:
+            return
+        record: Record[T] = held[0]
         leases = record.leases - 1
         if leases or record.pins or record.state is not ClientState.RETIRED:
-            record.leases = leases
+            record.leases, held[:] = leases, ()
             return
         retired, close = self._last_lease(record)
         out = [] if close is None else [close]
         r, owed, closed = record, (*self.owed, *out), ClientState.CLOSED
-        r.leases, r.state, r.slot.retired, doomed[:], self.owed = 0, closed, retired, out, owed  # noqa: E501  # fmt: skip
+        r.leases, r.state, r.slot.retired, doomed[:], self.owed, held[:] = 0, closed, retired, out, owed, ()  # noqa: E501  # fmt: skip
 
     # The sync lease's transitions. Its fast paths pin and unpin without
     # the lock (see _lease.py): the lease goes in the record's pins, then
