@@ -177,7 +177,7 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
                 with waiting(owner, ticket):
                     await aended(ticket)
         except BaseException:
-            if life.abandon(asked[0], asked[1]):
+            if life.settle_unbegun(asked[0], asked[1]):
                 asked[1].set_result(None)
             raise
         raise AssertionError  # pragma: no cover -- rounds() ends the call.

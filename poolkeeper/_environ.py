@@ -3,12 +3,12 @@
 Reading two variables from ``os.environ`` costs more than the whole hit path
 should, so an environment key is *pushed* instead of polled: the first
 ``keys.env`` singleton swaps the class of ``os.environ`` for a subclass whose
-``__setitem__`` and ``__delitem__`` notify the singletons that watch the
+``__setitem__`` and ``__delitem__`` notify the singletons subscribed to the
 changed name. Everything that changes the mapping goes through those two
 methods (``update``, ``pop``, ``clear``, ``setdefault``, pytest's
 ``monkeypatch``), so all of it is noticed. ``os.environb`` shares its data
 with ``os.environ`` on POSIX, so its class is swapped too and a change
-made through it notifies the watchers of the decoded name.
+made through it notifies the subscribers of the decoded name.
 
 Not noticed, by design: ``os.putenv``/``os.unsetenv`` and C code calling
 ``setenv`` (``os.environ`` does not see them either), edits of the private
@@ -28,39 +28,39 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 
-class _Watcher(Protocol):
+class _Subscriber(Protocol):
     def invalidate(self) -> None: ...
 
 
-# name -> {id(watcher): weak reference}, and name -> those references as a
-# tuple, rebuilt when a watcher comes or goes: a write iterates the tuple
+# name -> {id(subscriber): weak reference}, and name -> those references as a
+# tuple, rebuilt when a subscriber comes or goes: a write iterates the tuple
 # of the name written (nothing else, without a copy or WeakSet's guard).
-_refs: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
-_watchers: dict[str, tuple[weakref.ref[_Watcher], ...]] = {}
+_refs: dict[str, dict[int, weakref.ref[_Subscriber]]] = {}
+_subscribers: dict[str, tuple[weakref.ref[_Subscriber], ...]] = {}
 
 _MISSING = object()
 
 # A name from os.environb (bytes; encodekey accepted it) to its str.
 _decode = cast("Callable[[object], str]", os.fsdecode)
 
-# Counts the stores of watched writes (next() on it is atomic).
+# Counts the stores of subscribed writes (next() on it is atomic).
 _stores = itertools.count()
 
 
 def _changed(name: object) -> None:
     # name passed the store's encodekey: a str, or bytes for os.environb.
     named = name if isinstance(name, str) else _decode(name)
-    for ref in _watchers.get(named, ()):
-        watcher = ref()
-        if watcher is not None:
-            watcher.invalidate()
+    for ref in _subscribers.get(named, ()):
+        subscriber = ref()
+        if subscriber is not None:
+            subscriber.invalidate()
 
 
 def _notify_after(
     key: object, store: Callable[..., object], *args: object
 ) -> None:
     # The two layers of set_and_notify, for a store that is a call: the
-    # watchers of *key* are notified whether or not *store* raised, and
+    # subscribers of *key* are notified whether or not *store* raised, and
     # again if the first notification was cut short.
     notified = False
     try:
@@ -76,19 +76,19 @@ def _notify_after(
 
 def _swap(environ: object) -> bool:
     base = type(environ)
-    if getattr(base, "_poolkeeper_watched", False):
+    if getattr(base, "_poolkeeper_subscribed", False):
         return True
 
     # The notification runs after the store returns: once the assignment
-    # (or del) has returned, every watcher is disarmed and outdated. A
+    # (or del) has returned, every subscriber is disarmed and outdated. A
     # write of the value already there changes nothing and notifies no one.
     # The store is os._Environ.__setitem__'s own four steps, inline (its
     # class is checked below), so the value is encoded once.
     #
     # An exception after the store (a signal's, which CPython raises after
-    # any call) must not leave the watchers armed with the old value's
+    # any call) must not leave the subscribers armed with the old value's
     # client: the notification is a finally of the store, and a second
-    # layer notifies every watcher again if the first was cut short (as a
+    # layer notifies every subscriber again if the first was cut short (as a
     # lease's exit does). A write that raised before its store may notify:
     # harmless, the next call reads the key and keeps its client. On the
     # normal path the layers cost a flag (try blocks are free).
@@ -109,12 +109,12 @@ def _swap(environ: object) -> bool:
                 # meanwhile: notify then too, even if this store left the
                 # value as it was.
                 if before != encoded or next(_stores) != mark + 1:
-                    # The watchers of this name only, no frame for _changed.
+                    # The subscribers of this name only, no frame for _changed.
                     named = key if isinstance(key, str) else _decode(key)
-                    for ref in _watchers.get(named, ()):
-                        watcher = ref()
-                        if watcher is not None:
-                            watcher.invalidate()
+                    for ref in _subscribers.get(named, ()):
+                        subscriber = ref()
+                        if subscriber is not None:
+                            subscriber.invalidate()
                 notified = True
         finally:
             if not notified:
@@ -133,7 +133,7 @@ def _swap(environ: object) -> bool:
         hasattr(environ, name)
         for name in ("_data", "encodekey", "encodevalue")
     )
-    watched = type(
+    subscribed = type(
         base.__name__,
         (base,),
         {
@@ -141,11 +141,11 @@ def _swap(environ: object) -> bool:
             "__delitem__": del_and_notify,
             "__module__": base.__module__,
             "__qualname__": base.__qualname__,
-            "_poolkeeper_watched": True,
+            "_poolkeeper_subscribed": True,
         },
     )
     try:
-        environ.__class__ = watched
+        environ.__class__ = subscribed
     except TypeError:
         return False
     return True
@@ -156,8 +156,8 @@ def _install() -> bool:
     return _swap(os.environ) and (environb is None or _swap(environb))
 
 
-def watch(names: Iterable[str], watcher: _Watcher) -> bool:
-    """Call ``watcher.invalidate()`` whenever one of *names* changes.
+def subscribe(names: Iterable[str], subscriber: _Subscriber) -> bool:
+    """Call ``subscriber.invalidate()`` whenever one of *names* changes.
 
     Returns:
         Whether changes can be pushed; if not, the caller must poll.
@@ -166,19 +166,19 @@ def watch(names: Iterable[str], watcher: _Watcher) -> bool:
         return False
     for name in names:
         refs = _refs.setdefault(name, {})
-        ident = id(watcher)
-        refs[ident] = weakref.ref(watcher, _forgetter(name, ident))
-        _watchers[name] = tuple(refs.values())
+        ident = id(subscriber)
+        refs[ident] = weakref.ref(subscriber, _forgetter(name, ident))
+        _subscribers[name] = tuple(refs.values())
     return True
 
 
 def _forgetter(
     name: str, ident: int
-) -> Callable[[weakref.ref[_Watcher]], None]:
-    def forget(ref: weakref.ref[_Watcher]) -> None:
+) -> Callable[[weakref.ref[_Subscriber]], None]:
+    def forget(ref: weakref.ref[_Subscriber]) -> None:
         refs = _refs.get(name, {})
-        if refs.get(ident) is ref:  # Not a newer watcher at the same id.
+        if refs.get(ident) is ref:  # Not a newer subscriber at the same id.
             del refs[ident]
-            _watchers[name] = tuple(refs.values())
+            _subscribers[name] = tuple(refs.values())
 
     return forget

@@ -1,4 +1,4 @@
-"""FileKey: a file's content fingerprint, pushed by the checker thread.
+"""FileKey: a file's content fingerprint, pushed by the file-key thread.
 
 Defined here and re-exported by :mod:`poolkeeper.keys`, where it is
 documented; see :func:`poolkeeper.keys.file`.
@@ -11,7 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final, cast, final
 
-from poolkeeper import _checker
+from poolkeeper import _filekeys
 from poolkeeper._fingerprint import fingerprint
 
 if TYPE_CHECKING:
@@ -31,10 +31,10 @@ class FileKey:
     __slots__ = (
         "_lock",
         "_path",
+        "_pushed",
         "_recheck",
         "_resolve",
         "_state",
-        "_watched",
     )
 
     def __init__(
@@ -48,10 +48,10 @@ class FileKey:
         self._recheck = recheck_seconds
         # Serializes looking, storing and notifying, so that the stored
         # value is always the latest one seen and every change of it
-        # reaches the watchers. Never taken by a call within its recheck
+        # reaches the subscribers. Never taken by a call within its recheck
         # interval, nor by an armed hit (which does not call the key).
         self._lock = threading.Lock()
-        self._watched = False
+        self._pushed = False
         # (next look, path, stat signature, key value), replaced as one
         # tuple so that a concurrent caller never sees a new signature with
         # an old value.
@@ -66,21 +66,21 @@ class FileKey:
     def recheck_seconds(self) -> float:
         """The longest a change of the file may go unnoticed, in seconds.
 
-        Settable; a pushed key's checker applies a new value at once.
+        Settable; the file-key thread applies a new value at once.
         """
         return self._recheck
 
     @recheck_seconds.setter
     def recheck_seconds(self, seconds: float) -> None:
-        self._recheck = check_recheck(seconds)
-        _checker.wake()
+        self._recheck = valid_recheck(seconds)
+        _filekeys.wake()
 
     def __call__(self) -> tuple[str, str | None]:
         """Return ``(path, fingerprint of the content or None if absent)``."""
-        if self._watched:
+        if self._pushed:
             # Pushed: only slow paths get here. After a fork the child has
-            # no checker thread yet; this starts one.
-            _checker.ensure()
+            # no file-key thread yet; this starts one.
+            _filekeys.ensure()
         due, path, _, value = self._state
         if self._resolve is not None and self._where() != path:
             return self._look()
@@ -114,22 +114,22 @@ class FileKey:
                 signature,
                 value,
             )
-            # Under the lock: a watcher armed with the old value is
+            # Under the lock: a subscriber armed with the old value is
             # disarmed before anyone can see the new one.
-            if self._watched and old is not _UNSEEN and value != old:
-                _checker.changed(self)
+            if self._pushed and old is not _UNSEEN and value != old:
+                _filekeys.changed(self)
             return cast("tuple[str, str | None]", value)
 
-    def _check(self) -> None:
-        """Look now, whatever the schedule (the checker's entry point)."""
+    def _refresh(self) -> None:
+        """Look now, whatever the schedule (for the file-key thread)."""
         self._look()
 
-    def _watch(self, watcher: _checker.Watcher) -> bool:
-        """Have the checker push changes to *watcher*; say if it will."""
+    def _subscribe(self, subscriber: _filekeys.Subscriber) -> bool:
+        """Have changes pushed to *subscriber*; say whether they will be."""
         if self._recheck <= 0:
             return False
-        self._watched = True
-        _checker.watch(self, watcher)
+        self._pushed = True
+        _filekeys.subscribe(self, subscriber)
         return True
 
     def __repr__(self) -> str:
@@ -146,7 +146,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def check_recheck(seconds: float) -> float:
+def valid_recheck(seconds: float) -> float:
     """Return *seconds* as a float; raise ValueError if negative."""
     if not seconds >= 0:
         msg = f"keys.file() needs recheck_seconds >= 0, got {seconds}."

@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _waits
+from poolkeeper import _filekeys, _waits
 from poolkeeper._close import arun_each, run_each
 from poolkeeper._close_anywhere import aclose_anywhere, close_anywhere
 from poolkeeper._lifecycle import ClientState
@@ -192,11 +192,13 @@ async def aclose_all() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # Runs in the child with one thread: take no lock, log nothing, never
-    # raise, whatever a hook raises. Each singleton gets a fresh lock and
-    # abandons its parent's clients, never closing them.
+    # The runtime's one fork hook. Runs in the child with one thread: take
+    # no lock, log nothing, never raise, whatever a hook raises. The
+    # file-key thread and the waits start afresh; each singleton gets a
+    # fresh lock and abandons its parent's clients, never closing them.
     global _lock  # noqa: PLW0603 -- the parent's may be held by a thread.
     _lock = threading.Lock()
+    _filekeys.after_fork_in_child()
     _waits.forget()
     for entry in list(_entries):
         try:
@@ -217,5 +219,6 @@ def _abandon(entry: Entry, record: Record[Any]) -> None:
         entry.life.fork_errors.append(exc)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(close_all)

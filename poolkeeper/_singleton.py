@@ -59,7 +59,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
     # __call__ is a C callable returning the client (see _hit.armed), so a hit
     # runs no Python code and takes no lock. The lifecycle disarms it,
     # under its lock, before anything replaces or retires that client, and
-    # the environment watcher and the fork hook disarm it too.
+    # a subscribed key's change and the fork hook disarm it too.
 
     def __call__(self, *args: object, **kwargs: object) -> T:
         """Return the live client for the current key, building it if needed.
@@ -118,7 +118,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
                 with waiting(me, ticket):
                     ended(ticket)
         except BaseException:
-            if life.abandon(asked[0], asked[1]):
+            if life.settle_unbegun(asked[0], asked[1]):
                 asked[1].set()
             raise
         raise AssertionError  # pragma: no cover -- rounds() ends the call.

@@ -19,7 +19,7 @@ driver's ``finally`` can run them again.
 :class:`Lifecycle` is one class; its transitions are grouped by job, one
 module each: ``_state`` (the state, arming, the retirement decision),
 ``_builds`` (calls and builds), ``_leases``, ``_ends`` (retirements,
-owed closes, a loop's end, fork) and ``_changes`` (watched variables,
+owed closes, a loop's end, fork) and ``_changes`` (subscribed variables,
 overrides). The data they keep is in :mod:`poolkeeper._records`.
 """
 

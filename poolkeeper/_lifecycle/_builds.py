@@ -60,7 +60,7 @@ class Builds(State[T]):
         """Decide what a call for *key*, read at *epoch*, does next."""
         live = slot.live
         if live is not None and live.matches(key_hash, key):
-            # Arm only if no watched variable changed since the key was
+            # Arm only if no subscribed variable changed since the key was
             # read; _arm checks again once it has stored armed.
             if epoch == self.epoch and not self.overrides:
                 self._arm(live.client, live, epoch)
@@ -130,7 +130,7 @@ class Builds(State[T]):
         ) = (build, failures, error, True)  # fmt: skip
 
     @locked
-    def abandon(self, slot: Slot | None, done: object) -> bool:
+    def settle_unbegun(self, slot: Slot | None, done: object) -> bool:
         """Settle the build of a call that unwinds before building.
 
         A driver calls this when a call ends by an exception. If the slot's

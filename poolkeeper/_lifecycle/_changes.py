@@ -1,6 +1,6 @@
-"""Changes from outside: a watched variable, and overrides.
+"""Changes from outside: a subscribed variable, and overrides.
 
-``invalidate`` runs on every write of a watched environment variable (see
+``invalidate`` runs on every write of a subscribed environment variable (see
 ``poolkeeper._environ``); the override stack serves stand-ins.
 """
 
@@ -14,12 +14,12 @@ T = TypeVar("T")
 
 
 class Changes(State[T]):
-    """Environment changes and overrides."""
+    """Key changes (subscriptions) and overrides."""
 
     def invalidate(self) -> None:
-        """A watched variable changed: disarm and outdate keys read before.
+        """A subscribed key changed: disarm and outdate keys read before.
 
-        Runs on every write of a watched variable, so it is quick: the
+        Runs on every write of a subscribed variable, so it is quick: the
         epoch moves first, in one store, then an armed hit path is disarmed
         under the lock, before the write returns. A call arming meanwhile
         (request, under the lock) stores ``armed`` first and reads the

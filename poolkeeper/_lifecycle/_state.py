@@ -38,7 +38,7 @@ R = TypeVar("R")
 #: How many builds for other keys a call waits out before giving up.
 MAX_ROUNDS: Final = 100
 
-# Epochs: each change of a watched variable stores a number never stored
+# Epochs: each change of a subscribed variable stores a number never stored
 # before (next() on it is atomic), so an epoch that still equals the one a
 # call read means no change has been stored since. Not 0, the first epoch.
 epochs = itertools.count(1)
@@ -117,7 +117,7 @@ class State(Generic[T]):
         self.armed: object = None
         self.slots: dict[object, Slot] = {}
         self.overrides: tuple[tuple[object, object], ...] = ()
-        # Bumped by every change of a watched environment variable.
+        # Bumped by every change of a subscribed environment variable.
         self.epoch = 0
         self.fork_errors: list[BaseException] = []
         # Closes decided but not started: a close claims its record first

@@ -1,34 +1,35 @@
-"""The checker: one daemon thread that looks at file keys so calls need not.
+"""The file-key thread: it looks at file keys so calls need not.
 
 A ``keys.file`` key would otherwise be polled on every call. Instead, each
-singleton using one registers its lifecycle here, and the checker thread
-calls the key's ``_check()`` every ``recheck_seconds``. The key compares
+singleton using one subscribes its lifecycle here, and the file-key thread
+calls the key's ``_refresh()`` every ``recheck_seconds``. The key compares
 what it sees (a ``stat()`` signature, re-reading the file only when that
 changed) with what it last saw, and when its value changed it calls
-:func:`changed`, which disarms the watching singletons' hit paths: their
+:func:`changed`, which disarms the subscribed singletons' hit paths: their
 next call evaluates the key again on the slow path.
 
-The thread starts on the first registration and exits as soon as no key
-has a living watcher (watchers are held weakly); the next registration
-starts it again. It never raises: a key whose check fails is logged (once
-per streak of failures) and its watchers are disarmed, so their next call
-evaluates the key and meets the error itself, as with a polled key.
+The thread starts on the first subscription and exits as soon as no key
+has a living subscriber (subscribers are held weakly); the next
+subscription starts it again. It never raises: a key whose refresh fails
+is logged (once per streak of failures) and its subscribers are disarmed,
+so their next call evaluates the key and meets the error itself, as with a
+polled key.
 
 It takes no lock that a hit takes: only this module's registry lock, the
 key's own lock, and a lifecycle's lock inside ``invalidate()``. The only
 user code it runs is a ``keys.file`` path function, and never under a
 lifecycle's lock (``invalidate()`` runs none).
 
-After a fork the child has no checker thread. The at-fork hook only
+After a fork the child has no file-key thread. The runtime's fork hook
+(in :mod:`._registry`) calls :func:`after_fork_in_child`, which only
 resets this module's state (no join, no lock); the next slow-path call of
-a checked key (every singleton's first call in the child is one) starts a
-new thread through :func:`ensure`.
+a pushed file key (every singleton's first call in the child is one)
+starts a new thread through :func:`ensure`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -42,67 +43,67 @@ _MAX_SLEEP = 1.0
 _MIN_INTERVAL = 0.01
 
 
-class Watcher(Protocol):
+class Subscriber(Protocol):
     """What a key notifies: a singleton's lifecycle."""
 
     def invalidate(self) -> None:
         """Disarm the hit path; the next call evaluates the key."""
 
 
-class Checked(Protocol):
-    """A key the checker can look at."""
+class Refreshed(Protocol):
+    """A key the file-key thread can look at."""
 
     @property
     def recheck_seconds(self) -> float:
         """The longest a change may go unnoticed."""
         ...  # pragma: no cover
 
-    def _check(self) -> None:
+    def _refresh(self) -> None:
         """Look again; call :func:`changed` if the value changed."""
 
 
 class _Entry:
-    """One checked key: its watchers (weakly) and when it was checked."""
+    """One pushed file key: its subscribers (weakly), when it was looked at."""
 
-    __slots__ = ("checked", "failing", "watchers")
+    __slots__ = ("failing", "looked", "subscribers")
 
-    def __init__(self, checked: float) -> None:
-        self.watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
-        self.checked = checked
+    def __init__(self, looked: float) -> None:
+        self.subscribers: weakref.WeakSet[Subscriber] = weakref.WeakSet()
+        self.looked = looked
         self.failing = False
 
 
-_entries: dict[Checked, _Entry] = {}
-# Guards _entries and _thread; never held while a key is checked.
+_entries: dict[Refreshed, _Entry] = {}
+# Guards _entries and _thread; never held while a key is refreshed.
 _lock = threading.Lock()
 _wake = threading.Event()
 _thread: threading.Thread | None = None
 
 
-def watch(key: Checked, watcher: Watcher) -> None:
-    """Check *key* every ``recheck_seconds``; tell *watcher* of changes."""
+def subscribe(key: Refreshed, subscriber: Subscriber) -> None:
+    """Check *key* every ``recheck_seconds``; tell *subscriber* of changes."""
     with _lock:
         entry = _entries.get(key)
         if entry is None:
             entry = _entries[key] = _Entry(time.monotonic())
-        entry.watchers.add(watcher)
+        entry.subscribers.add(subscriber)
         _start()
     _wake.set()
 
 
-def changed(key: Checked) -> None:
-    """Disarm every singleton watching *key*: its value changed."""
+def changed(key: Refreshed) -> None:
+    """Disarm every singleton subscribed to *key*: its value changed."""
     # Copied under the lock: a registration on another thread must not
     # change the set while it is iterated.
     with _lock:
         entry = _entries.get(key)
-        watchers = [] if entry is None else list(entry.watchers)
-    for watcher in watchers:
-        watcher.invalidate()
+        subscribers = [] if entry is None else list(entry.subscribers)
+    for subscriber in subscribers:
+        subscriber.invalidate()
 
 
 def ensure() -> None:
-    """Start the thread if keys are watched but none runs (after a fork)."""
+    """Start the thread if keys have subscribers but none runs (after fork)."""
     if _thread is None and _entries:
         with _lock:
             _start()
@@ -116,20 +117,20 @@ def wake() -> None:
 def _start() -> None:
     # Under _lock. The thread clears _thread under the same lock when it
     # exits, so a registration either sees it running or starts another.
-    global _thread  # noqa: PLW0603 -- the one checker of the process.
+    global _thread  # noqa: PLW0603 -- the one file-key thread of the process.
     if _thread is not None or not _entries:
         return
     _thread = threading.Thread(
-        target=_run, name="poolkeeper-checker", daemon=True
+        target=_run, name="poolkeeper-filekeys", daemon=True
     )
     _thread.start()
 
 
-def _due() -> list[tuple[Checked, _Entry]] | None:
+def _due() -> list[tuple[Refreshed, _Entry]] | None:
     """Return the live entries, or None after retiring the thread."""
-    global _thread  # noqa: PLW0603 -- the one checker of the process.
+    global _thread  # noqa: PLW0603 -- the one file-key thread of the process.
     with _lock:
-        for key in [k for k, e in _entries.items() if not e.watchers]:
+        for key in [k for k, e in _entries.items() if not e.subscribers]:
             del _entries[key]
         if not _entries:
             _thread = None
@@ -150,16 +151,16 @@ def _run() -> None:
         for key, entry in entries:
             # Read on every pass, so a changed interval applies at once.
             interval = max(key.recheck_seconds, _MIN_INTERVAL)
-            if time.monotonic() >= entry.checked + interval:
-                _check(key, entry)
-                entry.checked = time.monotonic()
-            wake_at = min(wake_at, entry.checked + interval)
+            if time.monotonic() >= entry.looked + interval:
+                _refresh(key, entry)
+                entry.looked = time.monotonic()
+            wake_at = min(wake_at, entry.looked + interval)
         _wake.wait(max(wake_at - time.monotonic(), 0.0))
 
 
-def _check(key: Checked, entry: _Entry) -> None:
+def _refresh(key: Refreshed, entry: _Entry) -> None:
     try:
-        key._check()
+        key._refresh()
     except Exception:
         if not entry.failing:
             log.warning(
@@ -172,12 +173,13 @@ def _check(key: Checked, entry: _Entry) -> None:
         try:
             changed(key)
         except Exception:
-            log.debug("Disarming after a failed check failed.", exc_info=True)
+            log.debug("Disarming after a failed look failed.", exc_info=True)
     else:
         entry.failing = False
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """Forget the parent's thread and locks (the runtime's fork hook)."""
     # The parent's thread does not exist here and its lock may be held:
     # fresh ones, nothing joined. The keys stay registered; ensure()
     # starts a thread on the child's first slow-path call of one.
@@ -185,6 +187,3 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _wake = threading.Event()
     _thread = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
