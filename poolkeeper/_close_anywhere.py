@@ -133,9 +133,11 @@ def _raise(
         # Cancelled on its own loop (which is ending): counted there,
         # and no cancellation of the caller's.
         closer.unclosed(
-            record, "its close was cancelled on its event loop", "",
+            record,
+            "its close was cancelled on its event loop",
+            "",
             count=False,
-        )  # fmt: skip
+        )
     elif error is not None:
         raise error
 

@@ -9,8 +9,8 @@ while the hit path is armed) plus one pin, and exiting one is one unpin.
 Two Python frames in all, ``__enter__`` and ``__exit__``
 (tests/test_hit_frames.py counts them), and no lock.
 
-A pin is the lease's entry in its record's ``pins``, added on the line
-that records it in the lease, and then checked against the record's
+A pin is the lease's entry in its record's ``pins``, added right after
+the lease records it, and then checked against the record's
 ``open`` flag, which every transition that may retire the record clears
 before it reads the pins. Under the GIL, stores and loads happen in one
 order, so either the pin finds the record open and its retirement sees
@@ -24,10 +24,10 @@ whose first removal of the entry is one dictionary operation (atomic
 there too), always finds the flag cleared and ends under it.
 
 An exception may land at any line (a signal handler's
-``KeyboardInterrupt``): no line that adds or removes a pin calls
-anything, ``__enter__`` ends a pin it cannot return, and each step of
-``__exit__`` is repeated by the next layer if it was cut short; every
-step is idempotent, so none runs twice.
+``KeyboardInterrupt``): no store that adds or removes a pin is separated
+from the next by a call, ``__enter__`` ends a pin it cannot return, and
+each step of ``__exit__`` is repeated by the next layer if it was cut
+short; every step is idempotent, so none runs twice.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from poolkeeper._lifecycle import (
     Ended,
     Record,
 )
+from poolkeeper._records import under
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -95,11 +96,13 @@ class Lease(Generic[T]):
                 client = single()
                 record = slot.live
                 if record is not None and record.client is client:
-                    # One line that calls nothing (CPython runs signal
-                    # handlers after calls): the pin and the lease's record
-                    # of it, together (doomed too, on the instance: quicker
-                    # to read there). Then the flag, read after the store.
-                    self.pin = record; self.doomed = None; record.pins[self] = None  # noqa: E501, E702  # fmt: skip
+                    # Three stores that call nothing (CPython runs signal
+                    # handlers after calls): the lease's record of the pin
+                    # first, then the pin, so an exception between them is
+                    # ended by __exit__ below. Then the flag, read after.
+                    self.pin = record
+                    self.doomed = None
+                    record.pins[self] = None
                     if record.open:
                         return client
                     # Being retired: end the pin (closing the record if
@@ -130,8 +133,7 @@ class Lease(Generic[T]):
                 self.pin = DONE
                 return cast("T", overrides[-1][1])
             client = single()
-            with life.lock: pinned = life.pin(slot, client, self)  # noqa: E701  # fmt: skip
-            if pinned:
+            if under(life.lock, life.pin, slot, client, self):
                 return client
         raise too_many_rounds(self._name, "lease")
 
@@ -149,7 +151,8 @@ class Lease(Generic[T]):
                     # without the GIL), and _finish settles it under the
                     # lock. An exception after the pop leaves it to _finish
                     # too.
-                    record.pins.pop(self, None); self.pin = DONE if record.open else record  # noqa: E501, E702  # fmt: skip
+                    record.pins.pop(self, None)
+                    self.pin = DONE if record.open else record
             finally:
                 if self.pin is not DONE or self.doomed is not None:
                     self._finish()
@@ -162,10 +165,12 @@ class Lease(Generic[T]):
         # an exit that was cut short.
         life = self._life
         if type(self.pin) is Record:
-            with life.lock: life.unpin(self)  # noqa: E701  # fmt: skip
+            under(life.lock, life.unpin, self)
         if self.doomed is not None:
-            # Taken and closed on one line: it is closed once.
-            record, self.doomed = self.doomed, None; self._closer.close(record)  # noqa: E702  # fmt: skip
+            # Closed, then forgotten: cut between the two, the next layer
+            # closes it again, which its claim on the record makes a no-op.
+            self._closer.close(self.doomed)
+            self.doomed = None
 
 
 def lease_class(

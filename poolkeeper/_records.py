@@ -10,11 +10,69 @@ decisions a transition hands its driver (:class:`Serve`, :class:`Wait`,
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
-from typing import Any, Final, Generic, Protocol, TypeVar, final
+import threading
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    final,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# -- atomic by structure -----------------------------------------------------
+# An exception can be injected at any line event (a tracer) and after any
+# call returns (CPython runs signal handlers there). So a transition that
+# must not be cut between two stores makes them in one C call (commit),
+# and a lock is released on every way out of the call it guards (under).
+# Neither adds a Python frame between the transition and its stores.
+
+#: In a :func:`commit` store, replaces all of a list's items.
+ALL: Final = slice(None)
+
+#: Runs an iterator of stores to its end inside one C call, which runs no
+#: bytecode: no line event, thread switch or signal handler falls between
+#: two stores, however the call is laid out. The stores are themselves C:
+#: ``commit(starmap(setattr, ((obj, "name", value), ...)))``, chained with
+#: ``starmap(setitem, ((a_list, ALL, items), ...))`` for items.
+commit: Final = collections.deque[object](maxlen=0).extend
+# The C method that says whether the calling thread holds an RLock.
+is_owned: Callable[[object], bool] = vars(type(threading.RLock()))["_is_owned"]
+
+
+def under(
+    lock: threading.RLock,
+    fn: Callable[P, R],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> R:
+    """Call *fn* holding *lock*; release it on every way out.
+
+    An exception injected at the line event of the ``with``'s exit (after
+    the body, before ``__exit__`` runs) would leave the lock held: the
+    ``finally`` releases it then, unless this thread held it before.
+    """
+    outer = is_owned(lock)
+    try:
+        with lock:
+            return fn(*args, **kwargs)
+    finally:
+        if not outer and is_owned(lock):
+            lock.release()
+
 
 #: Orders builds across every singleton, so shutdown closes in reverse.
 _sequence = itertools.count(1)

@@ -23,6 +23,7 @@ from poolkeeper import _filekeys, _waits
 from poolkeeper._close import arun_each, run_each
 from poolkeeper._close_anywhere import aclose_anywhere, close_anywhere
 from poolkeeper._lifecycle import ClientState
+from poolkeeper._records import under
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,7 +57,7 @@ class Entry:
 
 
 _entries: set[Entry] = set()
-_lock = threading.Lock()
+_lock = threading.RLock()
 _orphans: collections.deque[Entry] = collections.deque()
 # The arguments of a lock's acquire() that never blocks.
 _NO_WAIT = (False,)
@@ -69,8 +70,7 @@ abandoned: list[object] = []
 def register(owner: object, entry: Entry) -> None:
     """Track *entry* until *owner* (its singleton) is collected."""
     _drain()
-    # One line, so no injected exception can leave the lock held.
-    with _lock: _add(entry)  # noqa: E701  # fmt: skip
+    under(_lock, _add, entry)
     finalizer = weakref.finalize(owner, _orphan, entry)
     finalizer.atexit = False  # close_all() runs at exit instead.
 
@@ -167,8 +167,7 @@ def close_all() -> None:
 
     .. versionadded:: 0.1
     """
-    with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
-    _close(entries)
+    _close(under(_lock, list, _entries))
 
 
 async def aclose_all() -> None:
@@ -184,7 +183,7 @@ async def aclose_all() -> None:
 
     .. versionadded:: 0.1
     """
-    with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
+    entries = under(_lock, list, _entries)
     await arun_each(
         functools.partial(aclose_anywhere, closer, record)
         for record, closer in _detach(entries)
@@ -197,7 +196,7 @@ def _after_fork_in_child() -> None:
     # file-key thread and the waits start afresh; each singleton gets a
     # fresh lock and abandons its parent's clients, never closing them.
     global _lock  # noqa: PLW0603 -- the parent's may be held by a thread.
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _filekeys.after_fork_in_child()
     _waits.forget()
     for entry in list(_entries):

@@ -108,7 +108,7 @@ class TestLeaseNeverRetired:
         """close_all() after the lease's hit, before its pin: it pins anew."""
         single = process_singleton(Factory())
         first = single()
-        pause = Pause("__enter__", "self.pin = record; self.doomed = None")
+        pause = Pause("__enter__", "self.pin = record")
         box: list[object] = []
 
         def lease():

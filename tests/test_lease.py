@@ -243,9 +243,7 @@ class TestLeaseRaces:
         """reset() after the lease's hit, before its pin: it pins anew."""
         single, _ = _built()
         first = single()
-        pause, thread, box = _stopped_lease(
-            single, "self.pin = record; self.doomed = None"
-        )
+        pause, thread, box = _stopped_lease(single, "self.pin = record")
         assert single.reset()
         pause.release.set()
         thread.join(WAIT)

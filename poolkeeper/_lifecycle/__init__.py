@@ -9,10 +9,12 @@ tells the driver (``_singleton`` for threads, ``_async`` for event loops)
 what to do next: serve this record, wait for this ticket, build now, or
 close these records.
 
-Each transition computes in locals and commits in a single statement, so
-an exception injected between two lines (a signal handler's
-``KeyboardInterrupt``, a tracer) leaves the state as it was before the
-transition or as it is after it, never half-way. Transitions that may be
+Each transition computes in locals and commits its stores in one C call
+(``commit`` in :mod:`poolkeeper._records`), so an exception injected at
+any line (a signal handler's ``KeyboardInterrupt``, a tracer) leaves the
+state as it was before the transition or as it is after it, never
+half-way, however the code is laid out; its lock is released on every way
+out (``locked``). Transitions that may be
 cut short by such an exception in the driver are idempotent, so the
 driver's ``finally`` can run them again.
 

@@ -8,10 +8,13 @@ build whose call unwound before building.
 
 from __future__ import annotations
 
+from itertools import chain, starmap
+from operator import setitem
 from typing import TYPE_CHECKING, TypeVar
 
 from poolkeeper._lifecycle._state import State, locked
 from poolkeeper._records import (
+    ALL,
     Build,
     ClientState,
     Record,
@@ -19,6 +22,7 @@ from poolkeeper._records import (
     Slot,
     Ticket,
     Wait,
+    commit,
 )
 
 if TYPE_CHECKING:
@@ -101,14 +105,44 @@ class Builds(State[T]):
             # an object live in another slot, which keeps it.
             out = [] if self._shared(new, self._holders()) else [new]
             owed, closed = (*self.owed, *out), ClientState.CLOSED
-            new.state, slot.build, ticket.finished, doomed[:], self.owed = closed, build, True, out, owed  # noqa: E501  # fmt: skip
+            commit(
+                chain(
+                    starmap(
+                        setattr,
+                        (
+                            (new, "state", closed),
+                            (slot, "build", build),
+                            (ticket, "finished", True),
+                            (self, "owed", owed),
+                        ),
+                    ),
+                    starmap(setitem, ((doomed, ALL, out),)),
+                )
+            )
             return
         old = slot.live
         retired, out, state, box = self._retire(slot, old, keep=new)
         owed, builds = (*self.owed, *out), self.builds + 1
-        # One statement, its targets on one line: a tracer's line event
-        # comes at each target's line, so none may land between stores.
-        slot.live, slot.build, slot.built_at, slot.retired, box.state, self.generation, self.builds, ticket.record, ticket.finished, doomed[:], self.owed = new, build, now, retired, state, new.generation, builds, new, True, out, owed  # noqa: E501  # fmt: skip
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", new),
+                        (slot, "build", build),
+                        (slot, "built_at", now),
+                        (slot, "retired", retired),
+                        (box, "state", state),
+                        (self, "generation", new.generation),
+                        (self, "builds", builds),
+                        (ticket, "record", new),
+                        (ticket, "finished", True),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(setitem, ((doomed, ALL, out),)),
+            )
+        )
 
     @locked
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
@@ -125,9 +159,17 @@ class Builds(State[T]):
         slot = ticket.slot
         build = None if slot.build is ticket else slot.build
         failures = self.build_failures + (error is not None)
-        (
-            slot.build, self.build_failures, ticket.error, ticket.finished,
-        ) = (build, failures, error, True)  # fmt: skip
+        commit(
+            starmap(
+                setattr,
+                (
+                    (slot, "build", build),
+                    (self, "build_failures", failures),
+                    (ticket, "error", error),
+                    (ticket, "finished", True),
+                ),
+            )
+        )
 
     @locked
     def settle_unbegun(self, slot: Slot | None, done: object) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from poolkeeper._lifecycle._state import State, epochs, locked
+from poolkeeper._records import under
 
 T = TypeVar("T")
 
@@ -27,14 +28,18 @@ class Changes(State[T]):
         epoch first and reads ``armed`` after. Under the GIL each sees the
         other's store: either this disarms that arming, or that arming
         sees the new epoch and does not switch. Without the GIL, the epoch
-        moves under the lock (on one line, as ``_locked`` does).
+        moves under the lock (taken by ``under``, which releases it on every
+        way out).
         """
         if self.lock_free:
             self.epoch = next(epochs)
         else:
-            with self.lock: self.epoch = next(epochs)  # noqa: E701  # fmt: skip
+            under(self.lock, self._next_epoch)
         if self.armed is not None:
-            with self.lock: self._disarm()  # noqa: E701  # fmt: skip
+            under(self.lock, self._disarm)
+
+    def _next_epoch(self) -> None:
+        self.epoch = next(epochs)
 
     @locked
     def push_override(self, token: object, obj: object) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import threading
+from itertools import chain, starmap
+from operator import setitem
 from typing import Any, TypeVar
 
 from poolkeeper._lifecycle._state import State, locked
-from poolkeeper._records import ClientState, Record, Slot
+from poolkeeper._records import ALL, ClientState, Record, Slot, commit
 
 T = TypeVar("T")
 
@@ -47,7 +49,20 @@ class Ends(State[T]):
             del self.slots[slot.key]
         kept = (r for r in self.owed if r.slot is not slot)
         owed = (*kept, *close)
-        slot.live, slot.retired, slot.dropped, doomed[:], self.owed = None, (), True, close, owed  # noqa: E501  # fmt: skip
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", None),
+                        (slot, "retired", ()),
+                        (slot, "dropped", True),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(setitem, ((doomed, ALL, close),)),
+            )
+        )
 
     @locked
     def reset(self, slot: Slot, now: float, doomed: list[Record[T]]) -> bool:
@@ -61,7 +76,20 @@ class Ends(State[T]):
         self._disarm()
         retired, out, state, box = self._retire(slot, live, keep=None)
         owed = (*self.owed, *out)
-        slot.live, slot.retired, box.state, doomed[:], self.owed = None, retired, state, out, owed  # noqa: E501  # fmt: skip
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", None),
+                        (slot, "retired", retired),
+                        (box, "state", state),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(setitem, ((doomed, ALL, out),)),
+            )
+        )
         return True
 
     @locked
@@ -75,7 +103,17 @@ class Ends(State[T]):
                 continue
             retired, more, state, box = self._retire(slot, live, None)
             owed = (*self.owed, *more)
-            slot.live, slot.retired, box.state, self.owed = None, retired, state, owed  # noqa: E501  # fmt: skip
+            commit(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", None),
+                        (slot, "retired", retired),
+                        (box, "state", state),
+                        (self, "owed", owed),
+                    ),
+                )
+            )
             out.extend(more)
         doomed[:] = out
 
@@ -85,7 +123,7 @@ class Ends(State[T]):
     ) -> bool:
         """Take *record*'s owed close; False if another close took it.
 
-        With *taken*, the record goes there on the line that takes it: a
+        With *taken*, the record goes there in the commit that takes it: a
         signal's exception can land after this returns and before its
         caller sees True (when the lock's release returns), and the caller
         still knows it holds the close (see ``Closer._start``).
@@ -95,9 +133,15 @@ class Ends(State[T]):
         if len(rest) == len(owed):
             return False
         if taken is None:
-            # One line: no exception lands between taking it and saying so.
-            self.owed = rest; return True  # noqa: E702  # fmt: skip
-        self.owed, taken[:] = rest, (record,); return True  # noqa: E702  # fmt: skip
+            commit(starmap(setattr, ((self, "owed", rest),)))
+            return True
+        commit(
+            chain(
+                starmap(setattr, ((self, "owed", rest),)),
+                starmap(setitem, ((taken, ALL, (record,)),)),
+            )
+        )
+        return True
 
     @locked
     def owe(self, record: Record[Any]) -> None:

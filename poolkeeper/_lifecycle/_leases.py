@@ -8,10 +8,20 @@ last lease of a retired record to end decides its close.
 
 from __future__ import annotations
 
+from itertools import chain, starmap
+from operator import setitem
 from typing import Any, TypeVar
 
 from poolkeeper._lifecycle._state import State, locked
-from poolkeeper._records import DONE, ClientState, Holder, Record, Slot
+from poolkeeper._records import (
+    ALL,
+    DONE,
+    ClientState,
+    Holder,
+    Record,
+    Slot,
+    commit,
+)
 
 T = TypeVar("T")
 
@@ -20,7 +30,7 @@ class Leases(State[T]):
     """Pins and their ends."""
 
     # The async lease's: *held* holds the record while the lease does, set
-    # and cleared on the line that counts it. A signal's exception can land
+    # and cleared in the commit that counts it. A signal's exception can land
     # when these return (as the lock is released), before the caller sees
     # what they did: *held* still says whether the lease is to be ended.
 
@@ -29,7 +39,12 @@ class Leases(State[T]):
         """Pin *record* if it is still live; return whether it was."""
         if record is not slot.live or record.state is not ClientState.LIVE:
             return False
-        record.leases, held[:] = record.leases + 1, (record,)
+        commit(
+            chain(
+                starmap(setattr, ((record, "leases", record.leases + 1),)),
+                starmap(setitem, ((held, ALL, (record,)),)),
+            )
+        )
         return True
 
     @locked
@@ -43,12 +58,36 @@ class Leases(State[T]):
         record: Record[T] = held[0]
         leases = record.leases - 1
         if leases or record.pins or record.state is not ClientState.RETIRED:
-            record.leases, held[:] = leases, ()
+            commit(
+                chain(
+                    starmap(setattr, ((record, "leases", leases),)),
+                    starmap(setitem, ((held, ALL, ()),)),
+                )
+            )
             return
         retired, close = self._last_lease(record)
         out = [] if close is None else [close]
         r, owed, closed = record, (*self.owed, *out), ClientState.CLOSED
-        r.leases, r.state, r.slot.retired, doomed[:], self.owed, held[:] = 0, closed, retired, out, owed, ()  # noqa: E501  # fmt: skip
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (r, "leases", 0),
+                        (r, "state", closed),
+                        (r.slot, "retired", retired),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(
+                    setitem,
+                    (
+                        (doomed, ALL, out),
+                        (held, ALL, ()),
+                    ),
+                ),
+            )
+        )
 
     # The sync lease's transitions. Its fast paths pin and unpin without
     # the lock (see _lease.py): the lease goes in the record's pins, then
@@ -63,8 +102,8 @@ class Leases(State[T]):
     def pin(self, slot: Slot, client: object, lease: Holder) -> bool:
         """Pin *slot*'s live record if it holds *client*; say if it did.
 
-        Call with the lock held, on the line that takes it. The pinned
-        record goes to ``lease.pin`` on the line that adds the pin.
+        Call with the lock held (through ``under``). The pinned record goes
+        to ``lease.pin`` in the commit that adds the pin.
         """
         record = slot.live
         if (
@@ -76,30 +115,49 @@ class Leases(State[T]):
         # Live under the lock: no retirement is half-way, so a flag a
         # retirement cut short left cleared opens again (never without
         # the GIL: there every unpin takes the lock).
-        record.open = self.lock_free; lease.pin = record; record.pins[lease] = None  # noqa: E501, E702  # fmt: skip
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (record, "open", self.lock_free),
+                        (lease, "pin", record),
+                    ),
+                ),
+                starmap(setitem, ((record.pins, lease, None),)),
+            )
+        )
         return True
 
     def unpin(self, lease: Holder) -> None:
         """End *lease*'s pin, if it holds one; idempotent.
 
-        Call with the lock held, on the line that takes it (as _locked
-        does, without its wrapper's frame). When this was the last lease
-        of a retired record, that record goes to ``lease.doomed``.
+        Call with the lock held (through ``under``). When this was the last
+        lease of a retired record, that record goes to ``lease.doomed``.
         """
         record = lease.pin
         if not isinstance(record, Record):  # Not pinned, or already ended.
             return
         pins = record.pins
-        if lease in pins: del pins[lease]  # noqa: E701  # fmt: skip
+        pins.pop(lease, None)
         if pins or record.leases or record.state is not ClientState.RETIRED:
             lease.pin = DONE
             return
         retired, close = self._last_lease(record)
-        # The targets share one line: each store is a line event of its own
-        # target's line, and no exception may land between them.
-        r, closed = record, ClientState.CLOSED
         owed = self.owed if close is None else (*self.owed, close)
-        r.leases, r.state, r.slot.retired, lease.pin, lease.doomed, self.owed = 0, closed, retired, DONE, close, owed  # noqa: E501  # fmt: skip
+        commit(
+            starmap(
+                setattr,
+                (
+                    (record, "leases", 0),
+                    (record, "state", ClientState.CLOSED),
+                    (record.slot, "retired", retired),
+                    (lease, "pin", DONE),
+                    (lease, "doomed", close),
+                    (self, "owed", owed),
+                ),
+            )
+        )
 
     def _last_lease(
         self, record: Record[T]

@@ -24,7 +24,7 @@ from typing import (
     TypeVar,
 )
 
-from poolkeeper._records import ClientState, Record, Slot
+from poolkeeper._records import ClientState, Record, Slot, is_owned
 from poolkeeper._stats import Statistics
 
 if TYPE_CHECKING:
@@ -53,17 +53,24 @@ class _Sink:
 def locked(
     method: Callable[Concatenate[L, P], R],
 ) -> Callable[Concatenate[L, P], R]:
-    """Run a transition under its lifecycle's lock.
+    """Run a transition under its lifecycle's lock, as :func:`under` does.
 
-    Taking the lock, running the transition and releasing the lock share
-    one line on purpose: an exception injected at a line event (a tracer,
-    or a signal handler on the way out) could otherwise land between the
-    end of a ``with`` block's body and its exit, and leave the lock held.
+    Inlined here, one frame instead of two: an exception injected at the
+    line event of the ``with``'s exit (after the body, before ``__exit__``
+    runs) would leave the lock held, so the ``finally`` releases it then,
+    unless this thread held it before the call.
     """
 
     @functools.wraps(method)
     def run(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self.lock: return method(self, *args, **kwargs)  # noqa: E701  # fmt: skip
+        lock = self.lock
+        outer = is_owned(lock)
+        try:
+            with lock:
+                return method(self, *args, **kwargs)
+        finally:
+            if not outer and is_owned(lock):
+                lock.release()
 
     return run
 
@@ -182,7 +189,7 @@ class State(Generic[T]):
 
         Returns the slot's new retired tuple, what to close now, the state
         to give *old* and the object to store it on (a sink when there is
-        no *old*), so the caller commits all of it in one statement.
+        no *old*), so the caller commits all of it in one ``commit``.
 
         Its one store comes first: *old* is closed to lock-free pins before
         its pins are read (see ``pin``). Cut short after it, *old* stays
