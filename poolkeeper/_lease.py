@@ -9,10 +9,11 @@ while the hit path is armed) plus one pin, and exiting one is one unpin.
 Two Python frames in all, ``__enter__`` and ``__exit__``
 (tests/test_hit_frames.py counts them), and no lock.
 
-A pin is the lease's entry in its record's ``pins``, added right after
-the lease records it, and then checked against the record's
-``open`` flag, which every transition that may retire the record clears
-before it reads the pins. Under the GIL, stores and loads happen in one
+The protocol is I3 of :mod:`poolkeeper._lifecycle`. A pin is the
+lease's entry in its record's ``pins``, added right after the lease
+records it, and then checked against the record's ``open`` flag, which
+every transition that may retire the record clears before it reads the
+pins. Under the GIL, stores and loads happen in one
 order, so either the pin finds the record open and its retirement sees
 the pin (and leaves the close to the last lease), or the pin finds the
 record closed and ends itself under the lock. An unpin removes the entry,

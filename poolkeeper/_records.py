@@ -126,7 +126,7 @@ class Record(Generic[T]):
         self.generation = generation
         self.sequence = next(_sequence)
         # Async leases count here, under the lifecycle's lock; sync leases
-        # pin in pins, without it (see _lease.py).
+        # pin in pins, without it (see I3 in poolkeeper._lifecycle).
         self.leases = 0
         self.pins: dict[object, None] = {}
         # Whether a sync lease may pin without the lock: a transition

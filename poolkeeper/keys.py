@@ -25,7 +25,7 @@ import os
 from typing import TYPE_CHECKING, final
 
 from poolkeeper import _environ
-from poolkeeper._filekey import _UNSEEN, FileKey, valid_recheck
+from poolkeeper._filekeys import _UNSEEN, FileKey, valid_recheck
 
 if TYPE_CHECKING:
     from collections.abc import Callable
