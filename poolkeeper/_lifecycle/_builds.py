@@ -8,6 +8,7 @@ build whose call unwound before building.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, TypeVar
 
 from poolkeeper._lifecycle._state import State, locked
@@ -114,17 +115,22 @@ class Builds(State[T]):
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
         """Record a build that raised *error* (None: it was cancelled).
 
-        Only an ``Exception`` is the build's failure, raised in the callers
-        waiting for it. Anything else (``KeyboardInterrupt``, ``SystemExit``,
-        cancellation) concerns the builder alone: its waiters retry.
+        Every error is counted in ``build_failures`` (a ``KeyboardInterrupt``
+        too), except a cancellation. Only an ``Exception`` is raised in the
+        callers waiting for the build: anything else (``KeyboardInterrupt``,
+        ``SystemExit``, cancellation) concerns the builder alone, and its
+        waiters retry.
         """
         if ticket.finished:
             return
+        counted = error is not None and not isinstance(
+            error, asyncio.CancelledError
+        )
         if not isinstance(error, Exception):
             error = None
         slot = ticket.slot
         build = None if slot.build is ticket else slot.build
-        failures = self.build_failures + (error is not None)
+        failures = self.build_failures + counted
         (
             slot.build, self.build_failures, ticket.error, ticket.finished,
         ) = (build, failures, error, True)  # fmt: skip
