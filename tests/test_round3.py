@@ -7,8 +7,11 @@ fix.
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import cast
 
 import pytest
+from attack import Pause, join, run
 from helpers import WAIT, Factory, FakeClient
 
 from poolkeeper import process_singleton
@@ -78,3 +81,82 @@ class TestEveryFactoryErrorIsCounted:
 
         asyncio.run(main())
         assert 0 == single.statistics().build_failures
+
+
+class SlowKey:
+    """A key value whose *n*-th comparison waits for the gate's release."""
+
+    def __init__(self, value: str, gate: dict[str, object]) -> None:
+        self.value = value
+        self.gate = gate
+
+    def __hash__(self) -> int:
+        return 0  # One hash for every value: only __eq__ tells them apart.
+
+    def __eq__(self, other: object) -> bool:
+        gate = self.gate
+        if "release" in gate:
+            gate["n"] = n = cast("int", gate["n"]) - 1
+            if n == 0:
+                cast("threading.Event", gate["entered"]).set()
+                release = cast("threading.Event", gate["release"])
+                gate["released"] = release.wait(WAIT)
+        return isinstance(other, SlowKey) and self.value == other.value
+
+    def __repr__(self) -> str:
+        return f"SlowKey({self.value!r})"
+
+
+class TestKeysAreComparedWithNoLockHeld:
+    """Point 5: a key's __eq__ never runs under the singleton's lock."""
+
+    def test_statistics_do_not_wait_for_a_slow_comparison(self):
+        """statistics() on another thread answers while __eq__ runs.
+
+        The key changes: the polled hit path compares once (no lock) and
+        misses; the slow path's comparison is the one that waits.
+        """
+        gate: dict[str, object] = {}
+        value = ["a"]
+        factory = Factory()
+        single = process_singleton(key=lambda: SlowKey(value[0], gate))(
+            factory
+        )
+        single()
+        entered, release = threading.Event(), threading.Event()
+        gate.update(n=2, entered=entered, release=release)
+        value[0] = "b"
+        caller, box = run(single)
+        assert entered.wait(WAIT)
+        stats = []
+
+        def look() -> None:
+            stats.append(single.statistics())
+            release.set()
+
+        looker, _ = run(look)
+        join(looker, caller)
+        assert gate["released"], "statistics() waited for the comparison"
+        assert [factory.built[1]] == box
+        assert 1 == stats[0].builds
+
+    def test_a_record_made_live_after_the_comparison_is_compared_again(self):
+        """The live record changed between the comparison and request()."""
+        factory = Factory()
+        single = process_singleton(factory)
+        pause = Pause("rounds", "step = life.request(")
+        box: list[object] = []
+        caller = threading.Thread(
+            target=pause.run(lambda: box.append(single()))
+        )
+        caller.start()
+        try:
+            # The caller compared with no live record, then stops.
+            assert pause.reached.wait(WAIT)
+            client = single()
+            pause.release.set()
+            join(caller)
+        finally:
+            pause.release.set()
+        assert [client] == box
+        assert 1 == factory.calls

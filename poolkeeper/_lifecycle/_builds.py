@@ -52,15 +52,25 @@ class Builds(State[T]):
     def request(  # noqa: PLR0913, PLR0917 -- what a call knows.
         self,
         slot: Slot,
+        compared: Record[T] | None,
+        matched: bool,  # noqa: FBT001 -- whether *compared* matched.
         key_hash: int,
         key: object,
         epoch: int,
         owner: object,
         new_done: Callable[[], object],
-    ) -> Serve | Wait | Build:
-        """Decide what a call for *key*, read at *epoch*, does next."""
+    ) -> Serve | Wait | Build | None:
+        """Decide what a call for *key*, read at *epoch*, does next.
+
+        The caller compared *key* with the slot's live record, *compared*,
+        before, with no lock held (a key's ``__eq__`` is user code): it
+        *matched* or not. None means the live record changed meanwhile:
+        compare again.
+        """
         live = slot.live
-        if live is not None and live.matches(key_hash, key):
+        if live is not compared:
+            return None
+        if live is not None and matched:
             # Arm only if no watched variable changed since the key was
             # read; _arm checks again once it has stored armed.
             if epoch == self.epoch and not self.overrides:
