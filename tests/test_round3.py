@@ -7,6 +7,7 @@ fix.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from typing import cast
 
@@ -14,7 +15,7 @@ import pytest
 from attack import Pause, join, run
 from helpers import WAIT, Factory, FakeClient
 
-from poolkeeper import process_singleton
+from poolkeeper import _environ, keys, process_singleton
 
 
 class Custom(BaseException):
@@ -160,3 +161,44 @@ class TestKeysAreComparedWithNoLockHeld:
             pause.release.set()
         assert [client] == box
         assert 1 == factory.calls
+
+
+class TestDecoratingUnderGarbageCollection:
+    """Point 2: registering and forgetting survive callbacks anywhere."""
+
+    @pytest.mark.parametrize(
+        "threshold", [(700, 10, 10), (10, 2, 2), (50, 5, 5)]
+    )
+    def test_many_singletons_keyed_on_one_variable(
+        self, threshold, monkeypatch
+    ):
+        """2,000 singletons on one variable, collected as they are made.
+
+        Each dropped one's watch is forgotten by a weakref callback that the
+        collector runs at whatever allocation comes next, in the middle of
+        the next registration (CPython 3.10 and 3.11 collect inside an
+        allocation: there it raised "dictionary changed size during
+        iteration").
+        """
+        monkeypatch.setenv("PK_ROUND3", "1")
+        before = gc.get_threshold()
+        gc.set_threshold(*threshold)
+        try:
+            for _ in range(2000):
+                single = process_singleton(key=keys.env("PK_ROUND3"))(
+                    FakeClient
+                )
+        finally:
+            gc.set_threshold(*before)
+        client = single()
+        assert client is single()
+        monkeypatch.setenv("PK_ROUND3", "2")  # Still watched: rebuilt.
+        assert client is not single()
+        gc.collect()
+        # The dropped are forgotten: what is left is alive, the same in the
+        # tuple that writes read, and at most the last singleton and the
+        # lifecycle the registry lets go of at the next registration.
+        refs = _environ._refs["PK_ROUND3"]
+        assert list(refs.values()) == list(_environ._watchers["PK_ROUND3"])
+        assert all(ref() is not None for ref in refs.values())
+        assert 2 >= len(refs)
