@@ -21,7 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from poolkeeper import _waits
 from poolkeeper._close import arun_each, run_each
-from poolkeeper._close_anywhere import aclose_anywhere, close_anywhere
+from poolkeeper._close_anywhere import (
+    aclose_anywhere,
+    close_anywhere,
+    close_soon,
+)
 from poolkeeper._lifecycle import ClientState
 
 if TYPE_CHECKING:
@@ -92,7 +96,9 @@ def _orphan(entry: Entry) -> None:
     # The singleton was collected: nothing can call it again, so its live
     # clients are retired and closed (leased ones when their lease ends).
     # The collector runs this on whatever thread allocated, perhaps while
-    # that thread holds some other lock: it must never block on a lock.
+    # that thread holds some other lock: it must never block on a lock,
+    # nor wait for a close on another thread or loop (which may need the
+    # lock this thread holds).
     entry.orphaned = True
     _orphans.append(entry)
     _drain()
@@ -113,15 +119,22 @@ def _drain() -> None:
         # lock held for ever. extend() appends acquire's answer before
         # control is back in this frame; the finally reads only the list.
         held: list[bool] = []
+        doomed: list[tuple[Record[Any], Closer]] = []
         try:
             held.extend(map(lock.acquire, _NO_WAIT))
             if held[0]:
-                _close([entry])
+                # Only the decision is made under the lock: a close needs it
+                # (to claim its record), perhaps on another loop's thread.
+                doomed = _detach([entry])
             else:
                 _orphans.append(entry)
         finally:
             if held and held[0]:
                 lock.release()
+        # Closed with no lock held, and never waited for on another thread
+        # or loop. Cut short before they began, they stay owed to
+        # close_all().
+        run_each(functools.partial(close_soon, c, r) for r, c in doomed)
 
 
 def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:

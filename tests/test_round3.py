@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import warnings
 from typing import cast
 
 import pytest
 from attack import Pause, join, run
-from helpers import WAIT, Factory, FakeClient
+from helpers import WAIT, Factory, FakeClient, LoopThread, wait_until
 
-from poolkeeper import _environ, keys, process_singleton
+from poolkeeper import UnclosedClientWarning, _environ, keys, process_singleton
 
 
 class Custom(BaseException):
@@ -202,3 +203,108 @@ class TestDecoratingUnderGarbageCollection:
         assert list(refs.values()) == list(_environ._watchers["PK_ROUND3"])
         assert all(ref() is not None for ref in refs.values())
         assert 2 >= len(refs)
+
+
+class AClient:
+    """An async client whose close is seen from any thread."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    async def aclose(self) -> None:
+        await asyncio.sleep(0)
+        self.closed.set()
+
+
+class TestCollectionNeverBlocks:
+    """Point 1: dropping a singleton closes its client without blocking."""
+
+    def test_an_async_client_on_another_threads_loop(self):
+        """Collected on one thread, closed on the loop's, neither waits.
+
+        The clean-up used to hold the singleton's lock while it waited for
+        the close on the other loop, which needed that lock: both threads
+        froze for CROSS_LOOP_CLOSE_SECONDS, then the client was reported
+        unclosed.
+        """
+
+        async def make() -> AClient:
+            return AClient()
+
+        loop = LoopThread()
+        try:
+            single = process_singleton(make)
+            client = loop.run(single())
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UnclosedClientWarning)
+                del single
+                collector, box = run(gc.collect)
+                # The close runs on the loop, with no lock held by the
+                # collector, and the collection ends without waiting.
+                assert client.closed.wait(WAIT)
+                join(collector)
+            assert isinstance(box[0], int)
+            assert "alive" == loop.run(asyncio.sleep(0, "alive"))
+        finally:
+            loop.stop()
+
+    def test_an_async_client_of_an_idle_loop(self):
+        """An idle loop's client closes on a helper thread, not waited for."""
+
+        async def make() -> AClient:
+            return AClient()
+
+        loop = asyncio.new_event_loop()
+        try:
+            single = process_singleton(make)
+            client = loop.run_until_complete(single())
+            del single
+            gc.collect()
+            assert client.closed.wait(WAIT)
+        finally:
+            wait_until(lambda: not loop.is_running())
+            loop.close()
+
+    def test_an_async_client_of_the_collecting_loop(self):
+        """Collected on its own loop: its close is a task of that loop."""
+
+        async def make() -> AClient:
+            return AClient()
+
+        async def main() -> AClient:
+            single = process_singleton(make)
+            client = await single()
+            del single
+            gc.collect()
+            await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(
+                    None, client.closed.wait, WAIT
+                ),
+                WAIT,
+            )
+            return client
+
+        assert asyncio.run(main()).closed.is_set()
+
+    def test_what_a_close_on_another_loop_raised_is_logged(self, caplog):
+        """No caller awaits it: a close hook's BaseException is logged."""
+
+        async def make() -> AClient:
+            return AClient()
+
+        async def close(client: AClient) -> None:
+            await asyncio.sleep(0)
+            raise Custom
+
+        loop = LoopThread()
+        try:
+            single = process_singleton(close=close)(make)
+            loop.run(single())
+            life = single._self_life
+            del single
+            with caplog.at_level("WARNING", logger="poolkeeper"):
+                gc.collect()
+                assert wait_until(lambda: "Closing a collected" in caplog.text)
+            assert 1 == life.close_failures
+        finally:
+            loop.stop()
