@@ -11,6 +11,7 @@ Python reports it as unraisable, as for any finalizer.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import collections
 import functools
@@ -178,10 +179,42 @@ def close_all() -> None:
     other clients were closed, even when that close ran on another
     thread's event loop.
 
+    Raises:
+        RuntimeError: If called inside a running event loop that has live
+            async clients: a synchronous call cannot await their close
+            there (``asyncio.run`` would cancel a close it scheduled). It
+            closes nothing then; ``await aclose_all()`` instead.
+
     .. versionadded:: 0.1
     """
     with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
+    _refuse_in_loop(entries)
     _close(entries)
+
+
+def _refuse_in_loop(entries: list[Entry]) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    names = sorted({e.life.name for e in entries if _owns(e.life, loop)})
+    if names:
+        msg = (
+            "close_all() was called inside a running event loop whose async "
+            f"clients ({', '.join(names)}) it cannot close: a synchronous "
+            "call cannot await their close on the loop it runs on. Nothing "
+            "was closed; in async code, await poolkeeper.aclose_all() "
+            "instead."
+        )
+        raise RuntimeError(msg)
+
+
+def _owns(life: Lifecycle[Any], loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether *life* has a client, live or owed a close, on *loop*."""
+    slot = life.slots.get(id(loop))
+    if slot is None or slot.loop is None or slot.loop() is not loop:
+        return False
+    return slot.live is not None or any(r.slot is slot for r in life.owed)
 
 
 async def aclose_all() -> None:

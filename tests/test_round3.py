@@ -16,7 +16,13 @@ import pytest
 from attack import Pause, join, run
 from helpers import WAIT, Factory, FakeClient, LoopThread, wait_until
 
-from poolkeeper import UnclosedClientWarning, _environ, keys, process_singleton
+from poolkeeper import (
+    UnclosedClientWarning,
+    _environ,
+    close_all,
+    keys,
+    process_singleton,
+)
 
 
 class Custom(BaseException):
@@ -308,3 +314,40 @@ class TestCollectionNeverBlocks:
             assert 1 == life.close_failures
         finally:
             loop.stop()
+
+
+class TestCloseAllInsideARunningLoop:
+    """Point 3: close_all() in a running loop fails loudly, closing nothing."""
+
+    def test_async_clients_of_the_running_loop(self):
+        """asyncio.run used to cancel the close it scheduled, silently."""
+
+        async def make() -> AClient:
+            return AClient()
+
+        single = process_singleton(make)
+
+        async def main() -> AClient:
+            client = await single()
+            with pytest.raises(RuntimeError) as info:
+                close_all()
+            assert "await poolkeeper.aclose_all()" in str(info.value)
+            assert "make" in str(info.value)
+            return client
+
+        client = asyncio.run(main())
+        # Nothing was closed by close_all(); the loop's end closed it.
+        assert client.closed.is_set()
+        stats = single.statistics()
+        assert (1, 0) == (stats.closes, stats.close_failures)
+
+    def test_sync_clients_close_inside_a_running_loop(self):
+        """With no async client on the loop, close_all() works there."""
+        single = process_singleton(FakeClient)
+        client = single()
+
+        async def main() -> None:
+            close_all()
+
+        asyncio.run(main())
+        assert client.closed
