@@ -27,6 +27,7 @@ from poolkeeper._close_anywhere import (
     close_anywhere,
     close_soon,
 )
+from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import ClientState
 
 if TYPE_CHECKING:
@@ -147,6 +148,8 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
         more: list[Record[Any]] = []
         entry.life.detach(more)
         out.extend(more)
+        # A lease dropped without exiting releases its pin when collected.
+        loosen(entry.life)
         # With the closes owed from before: decided, then cut short before
         # they began (each close claims its record, so none runs twice).
         out.extend(r for r in entry.life.owed if all(r is not o for o in out))

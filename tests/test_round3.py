@@ -7,7 +7,9 @@ fix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
 import threading
 import warnings
 from typing import cast
@@ -17,6 +19,7 @@ from attack import Pause, join, run
 from helpers import WAIT, Factory, FakeClient, LoopThread, wait_until
 
 from poolkeeper import (
+    PoolkeeperWarning,
     UnclosedClientWarning,
     _environ,
     close_all,
@@ -351,3 +354,97 @@ class TestCloseAllInsideARunningLoop:
 
         asyncio.run(main())
         assert client.closed
+
+
+class TestDroppedLeases:
+    """Point 8: a lease dropped without exiting does not pin for ever."""
+
+    @pytest.mark.parametrize("retire", ["reset", "close_all", "rebuild"])
+    def test_a_collected_lease_releases_its_pin(self, retire, monkeypatch):
+        """Entered, dropped, collected: the retired client closes."""
+        monkeypatch.setenv("PK_ROUND3_LEASE", "1")
+        single = process_singleton(key=keys.env("PK_ROUND3_LEASE"))(FakeClient)
+        client = single()
+        lease = single.lease()
+        assert client is lease.__enter__()
+        del lease
+        gc.collect()
+        assert not client.closed  # Live: a pin on a live client is moot.
+        if retire == "reset":
+            retired = single.reset
+        elif retire == "close_all":
+            retired = close_all
+        else:
+
+            def retired() -> None:
+                monkeypatch.setenv("PK_ROUND3_LEASE", "2")
+                assert client is not single()
+
+        with pytest.warns(PoolkeeperWarning, match="FakeClient"):
+            retired()
+        gc.collect()
+        assert [os.getpid()] == client.closes
+        assert 0 == single.statistics().leases
+        assert 0 == single.statistics().pending_close
+
+    def test_dropped_after_the_retirement(self):
+        """Dropped while its client is retired: released when collected."""
+        single = process_singleton(FakeClient)
+        client = single()
+        stack = contextlib.ExitStack()
+        assert client is stack.enter_context(single.lease())
+        assert single.reset()
+        gc.collect()
+        assert not client.closed  # Still referenced: respected.
+        assert 1 == single.statistics().pending_close
+        with pytest.warns(PoolkeeperWarning, match="FakeClient"):
+            del stack  # Freed here: no cycle holds it.
+        gc.collect()
+        assert 1 == len(client.closes)
+        assert 0 == single.statistics().pending_close
+
+    def test_a_referenced_lease_keeps_its_pin_and_exits(self):
+        """A lease still held is respected, and its exit closes the client."""
+        single = process_singleton(FakeClient)
+        client = single()
+        lease = single.lease()
+        lease.__enter__()
+        close_all()
+        gc.collect()
+        assert not client.closed
+        assert 1 == single.statistics().leases
+        lease.__exit__(None, None, None)
+        assert 1 == len(client.closes)
+        assert 0 == single.statistics().leases
+
+    def test_an_async_lease_collected_on_its_loop(self):
+        """Async: entered, dropped after the retirement, collected."""
+
+        async def make() -> AClient:
+            return AClient()
+
+        single = process_singleton(make)
+
+        async def settle(client: AClient) -> None:
+            for _ in range(1000):
+                if client.closed.is_set():
+                    return
+                await asyncio.sleep(0)
+
+        async def main() -> AClient:
+            client = await single()
+            lease = single.lease()
+            assert client is await lease.__aenter__()
+            assert await single.reset()
+            gc.collect()
+            await settle(client)
+            assert not client.closed.is_set()  # Still referenced.
+            del lease
+            gc.collect()
+            with pytest.warns(PoolkeeperWarning, match="make"):
+                await settle(client)
+            assert client.closed.is_set()
+            assert 0 == single.statistics().leases
+            return client
+
+        asyncio.run(main())
