@@ -120,6 +120,11 @@ def _drain() -> None:
         # between an acquire() and the store of its result would leave the
         # lock held for ever. extend() appends acquire's answer before
         # control is back in this frame; the finally reads only the list.
+        if getattr(lock, "_is_owned", bool)():
+            # This thread is inside one of its transitions (the collector
+            # ran in the middle): the lock would let it in, mid-change.
+            _orphans.append(entry)
+            continue
         held: list[bool] = []
         doomed: list[tuple[Record[Any], Closer]] = []
         try:

@@ -448,3 +448,19 @@ class TestDroppedLeases:
             return client
 
         asyncio.run(main())
+
+
+class TestCollectionInsideATransition:
+    """Point 1: the clean-up never enters a transition of its own thread."""
+
+    def test_put_off_while_this_thread_holds_the_lock(self):
+        """The lock is reentrant: the clean-up must not take it mid-change."""
+        single = process_singleton(FakeClient)
+        client = single()
+        lock = single._self_life.lock
+        with lock:  # Stands for a transition this thread is in.
+            del single
+            gc.collect()
+            assert not client.closed
+        process_singleton(FakeClient)  # The next registration drains it.
+        assert 1 == len(client.closes)
