@@ -19,8 +19,10 @@ environment on every call.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -35,8 +37,18 @@ class _Watcher(Protocol):
 # name -> {id(watcher): weak reference}, and name -> those references as a
 # tuple, rebuilt when a watcher comes or goes: a write iterates the tuple
 # of the name written (nothing else, without a copy or WeakSet's guard).
+# Both change under _lock only. A watcher's weakref callback may run at
+# any allocation, on any thread, inside a change (the collector's), so it
+# never changes them itself nor waits for the lock: it queues the dead
+# reference in _dead, which whoever holds the lock next empties.
 _refs: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
 _watchers: dict[str, tuple[weakref.ref[_Watcher], ...]] = {}
+_dead: collections.deque[tuple[str, int, weakref.ref[_Watcher]]] = (
+    collections.deque()
+)
+_lock = threading.Lock()
+# The arguments of a lock's acquire() that never blocks.
+_NO_WAIT = (False,)
 
 _MISSING = object()
 
@@ -164,21 +176,67 @@ def watch(names: Iterable[str], watcher: _Watcher) -> bool:
     """
     if not _install():
         return False
-    for name in names:
-        refs = _refs.setdefault(name, {})
-        ident = id(watcher)
-        refs[ident] = weakref.ref(watcher, _forgetter(name, ident))
-        _watchers[name] = tuple(refs.values())
+    ident = id(watcher)
+    added = [
+        (name, weakref.ref(watcher, _forgetter(name, ident))) for name in names
+    ]
+    # One line, so no injected exception can leave the lock held.
+    with _lock: _add(ident, added)  # noqa: E701  # fmt: skip
+    _sweep()
     return True
+
+
+def _add(ident: int, added: list[tuple[str, weakref.ref[_Watcher]]]) -> None:
+    # Under _lock: callbacks only queue, so nothing else changes the dicts.
+    _forget_dead()
+    for name, ref in added:
+        refs = _refs.setdefault(name, {})
+        refs[ident] = ref
+        _watchers[name] = tuple(refs.values())
+
+
+def _forget_dead() -> None:
+    # Under _lock.
+    while _dead:
+        name, ident, ref = _dead.popleft()
+        refs = _refs.get(name, {})
+        if refs.get(ident) is ref:  # Not a newer watcher at the same id.
+            del refs[ident]
+            _watchers[name] = tuple(refs.values())
+
+
+def _sweep() -> None:
+    # Forgets the queued dead without blocking: if another holds the lock,
+    # it empties the queue before letting go (see watch), or the next
+    # change does. Taken and noted in one C call (as _registry's _drain
+    # does): no signal's exception between the acquire and its note.
+    while _dead:
+        held: list[bool] = []
+        try:
+            held.extend(map(_lock.acquire, _NO_WAIT))
+            if not held[0]:
+                return
+            _forget_dead()
+        finally:
+            if held and held[0]:
+                _lock.release()
 
 
 def _forgetter(
     name: str, ident: int
 ) -> Callable[[weakref.ref[_Watcher]], None]:
     def forget(ref: weakref.ref[_Watcher]) -> None:
-        refs = _refs.get(name, {})
-        if refs.get(ident) is ref:  # Not a newer watcher at the same id.
-            del refs[ident]
-            _watchers[name] = tuple(refs.values())
+        _dead.append((name, ident, ref))
+        _sweep()
 
     return forget
+
+
+def _after_fork_in_child() -> None:
+    # The parent's lock may have been held by a thread that does not
+    # exist here.
+    global _lock  # noqa: PLW0603
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

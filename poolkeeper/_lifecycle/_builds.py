@@ -8,6 +8,7 @@ build whose call unwound before building.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, TypeVar
 
 from poolkeeper._lifecycle._state import State, locked
@@ -51,15 +52,25 @@ class Builds(State[T]):
     def request(  # noqa: PLR0913, PLR0917 -- what a call knows.
         self,
         slot: Slot,
+        compared: Record[T] | None,
+        matched: bool,  # noqa: FBT001 -- whether *compared* matched.
         key_hash: int,
         key: object,
         epoch: int,
         owner: object,
         new_done: Callable[[], object],
-    ) -> Serve | Wait | Build:
-        """Decide what a call for *key*, read at *epoch*, does next."""
+    ) -> Serve | Wait | Build | None:
+        """Decide what a call for *key*, read at *epoch*, does next.
+
+        The caller compared *key* with the slot's live record, *compared*,
+        before, with no lock held (a key's ``__eq__`` is user code): it
+        *matched* or not. None means the live record changed meanwhile:
+        compare again.
+        """
         live = slot.live
-        if live is not None and live.matches(key_hash, key):
+        if live is not compared:
+            return None
+        if live is not None and matched:
             # Arm only if no watched variable changed since the key was
             # read; _arm checks again once it has stored armed.
             if epoch == self.epoch and not self.overrides:
@@ -114,17 +125,22 @@ class Builds(State[T]):
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
         """Record a build that raised *error* (None: it was cancelled).
 
-        Only an ``Exception`` is the build's failure, raised in the callers
-        waiting for it. Anything else (``KeyboardInterrupt``, ``SystemExit``,
-        cancellation) concerns the builder alone: its waiters retry.
+        Every error is counted in ``build_failures`` (a ``KeyboardInterrupt``
+        too), except a cancellation. Only an ``Exception`` is raised in the
+        callers waiting for the build: anything else (``KeyboardInterrupt``,
+        ``SystemExit``, cancellation) concerns the builder alone, and its
+        waiters retry.
         """
         if ticket.finished:
             return
+        counted = error is not None and not isinstance(
+            error, asyncio.CancelledError
+        )
         if not isinstance(error, Exception):
             error = None
         slot = ticket.slot
         build = None if slot.build is ticket else slot.build
-        failures = self.build_failures + (error is not None)
+        failures = self.build_failures + counted
         (
             slot.build, self.build_failures, ticket.error, ticket.finished,
         ) = (build, failures, error, True)  # fmt: skip
