@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from attack import Pause, join, run
-from helpers import WAIT
+from helpers import GIL_PARAMS, WAIT, made_as_free_threaded
 
 from poolkeeper import keys, process_singleton
 
@@ -38,7 +38,7 @@ def _disarmed_but_matching(env, single) -> None:
 
 
 class TestSyncArming:
-    @pytest.mark.parametrize("gil", [True, False], ids=["gil", "no-gil"])
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
     def test_write_while_a_call_arms_is_never_missed(
         self, env, gil, monkeypatch
     ):
@@ -48,9 +48,7 @@ class TestSyncArming:
         under the lock, so it waits for the stopped call instead.
         """
         if not gil:
-            monkeypatch.setattr(
-                sys, "_is_gil_enabled", lambda: False, raising=False
-            )
+            made_as_free_threaded(monkeypatch)
         single = process_singleton(key=keys.env(NAME))(
             lambda: [os.environ.get(NAME)]
         )

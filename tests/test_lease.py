@@ -9,7 +9,13 @@ import threading
 
 import pytest
 from attack import Inject, Pause
-from helpers import WAIT, Factory, FakeClient
+from helpers import (
+    GIL_PARAMS,
+    WAIT,
+    Factory,
+    FakeClient,
+    made_as_free_threaded,
+)
 
 from poolkeeper import close_all, process_singleton
 
@@ -141,18 +147,16 @@ def _cut_exit(n, exc, *, retired):
     return inject.fired
 
 
-@pytest.fixture(name="gil", params=[True, False], ids=["gil", "no-gil"])
+@pytest.fixture(name="gil", params=GIL_PARAMS)
 def _gil(request, monkeypatch):
     """Make singletons as with the GIL on, and as on a free-threaded build.
 
-    Without it, leases pin and unpin under the lifecycle's lock. (The GIL
-    is still there: this runs those paths, it cannot show them right
-    without one.)
+    Without it, leases pin and unpin under the lifecycle's lock. (On a
+    build with the GIL, the GIL is still there: this runs those paths, it
+    cannot show them right without one; a free-threaded build can.)
     """
     if not request.param:
-        monkeypatch.setattr(
-            sys, "_is_gil_enabled", lambda: False, raising=False
-        )
+        made_as_free_threaded(monkeypatch)
     return request.param
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import sys
 import threading
 import time
 from collections import Counter
 
 import pytest
-from helpers import WAIT, wait_until
+from helpers import GIL_PARAMS, WAIT, made_as_free_threaded, wait_until
 
 from poolkeeper import close_all, keys, process_singleton
 
@@ -146,21 +145,19 @@ class TestChurn:
     @pytest.mark.parametrize(
         "key", [keys.env(NAME), _polled], ids=["pushed", "polled"]
     )
-    @pytest.mark.parametrize("gil", [True, False], ids=["gil", "no-gil"])
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
     def test_churn_serves_no_closing_client_and_closes_each_once(
         self, env, key, gil, monkeypatch
     ):
         """Threads churn for a while; every guarantee holds throughout.
 
         no-gil: the singleton is made as on a free-threaded build, where
-        leases pin and watched changes move the epoch under the lock (the
-        interpreter still has its GIL: this runs those paths, it cannot
-        show them right without one).
+        leases pin and watched changes move the epoch under the lock (on a
+        build with the GIL, the GIL is still there: this runs those paths,
+        it cannot show them right without one; a free-threaded build can).
         """
         if not gil:
-            monkeypatch.setattr(
-                sys, "_is_gil_enabled", lambda: False, raising=False
-            )
+            made_as_free_threaded(monkeypatch)
         env[NAME] = "0"
         churn = Churn(env, key)
         assert gil is churn.single._self_life.lock_free

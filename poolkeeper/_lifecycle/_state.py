@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import sys
+import sysconfig
 import threading
 from typing import (
     TYPE_CHECKING,
@@ -73,10 +73,21 @@ def constant(obj: R) -> Callable[[], R]:
     return lambda: obj
 
 
+# A free-threaded build (configured with --disable-gil) runs without the
+# GIL, and sys._is_gil_enabled() cannot tell: every extension module's
+# import turns the GIL on, on every thread, while its init runs, and off
+# again after (and one not made for such a build turns it on for good).
+# What a singleton may rely on is decided from the build instead.
+FREE_THREADED: Final = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
 def gil() -> bool:
-    """Whether the GIL is on. It may turn on at run time, never off."""
-    enabled = getattr(sys, "_is_gil_enabled", None)
-    return enabled is None or bool(enabled())
+    """Whether this build always runs Python code under the GIL.
+
+    True on a default build. False on a free-threaded build: its GIL is
+    off, and whatever turns it on may turn it off again.
+    """
+    return not FREE_THREADED
 
 
 def _nothing(_client: object) -> None:
