@@ -17,6 +17,7 @@ import threading
 from helpers import FREE_THREADED, WAIT
 
 from poolkeeper import process_singleton
+from poolkeeper._lifecycle import _state
 
 # Standard-library extension modules that can be imported again once
 # removed from sys.modules (multi-phase init), and that nothing here uses.
@@ -62,3 +63,16 @@ class TestLockFreeDecidedByTheBuild:
         assert {not FREE_THREADED} == set(made), made.count(True)
         if FREE_THREADED:  # And the imports left the GIL off.
             assert not sys._is_gil_enabled()
+
+    def test_the_build_is_read_from_its_abi_flags_or_sysconfig(
+        self, monkeypatch
+    ):
+        """Both ways agree with sysconfig's Py_GIL_DISABLED.
+
+        The ABI flags ("t") where the build has them; sysconfig where it
+        has none (Windows before 3.14).
+        """
+        assert FREE_THREADED is _state.FREE_THREADED
+        assert FREE_THREADED is _state._free_threaded()
+        monkeypatch.delattr(sys, "abiflags", raising=False)
+        assert FREE_THREADED is _state._free_threaded()

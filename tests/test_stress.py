@@ -1,7 +1,8 @@
 """Bounded churn: callers, leases, key rotation, resets and close_all().
 
 Runs for ``POOLKEEPER_STRESS_SECONDS`` (2 by default, so CI stays quick;
-set it to 180 for a soak) and prints its figures (shown with ``-s``).
+set it to 180 for a soak) with ``POOLKEEPER_STRESS_CALLERS`` calling
+threads (4 by default) and prints its figures (shown with ``-s``).
 Only what the library guarantees is asserted, so the test cannot flake
 on a slow or loaded machine:
 
@@ -27,6 +28,7 @@ from poolkeeper import close_all, keys, process_singleton
 
 NAME = "PK_STRESS_KEY"
 SECONDS = float(os.environ.get("POOLKEEPER_STRESS_SECONDS", "2"))
+CALLERS = int(os.environ.get("POOLKEEPER_STRESS_CALLERS", "4"))
 # The least churn a run must see before it may stop.
 MINIMUM = {"rotations": 50, "resets": 5, "close_alls": 1}
 
@@ -121,7 +123,7 @@ class Churn:
         """Churn for *seconds*; every thread must end."""
         threads = [
             threading.Thread(target=self.caller, args=(i,), daemon=True)
-            for i in range(4)
+            for i in range(CALLERS)
         ]
         threads.append(threading.Thread(target=self.rotator, daemon=True))
         for thread in threads:
@@ -173,7 +175,7 @@ class TestChurn:
         print(
             f"churn ({'polled' if key is _polled else 'pushed'}, "
             f"{'gil' if gil else 'no-gil'}) "
-            f"for {SECONDS:g}s: {dict(figures)}, "
+            f"for {SECONDS:g}s, {CALLERS} callers: {dict(figures)}, "
             f"violations={len(churn.violations)}"
         )
         assert [] == churn.violations
