@@ -246,11 +246,11 @@ $(FT)/.installed: $(UV) $(SOURCES) $(FT_PYTHON)
 	touch $@
 
 freethreaded:
-	@if [ ! -x $(FT_BUILD) ]; then \
+	@if [ ! -f $(FT_BUILD) ]; then \
 		echo "SKIPPED free-threaded CPython 3.14.7: no $(FT_BUILD)"; \
 		exit 0; \
 	fi; \
-	$(FT_BUILD) $(FT_PREFIX) || exit 1; \
+	bash $(FT_BUILD) $(FT_PREFIX) || exit 1; \
 	$(MAKE) --no-print-directory $(FT)/.installed || exit 1; \
 	$(FT)/bin/python .ci/gil_off.py || exit 1; \
 	status=0; \
