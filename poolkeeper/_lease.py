@@ -17,9 +17,9 @@ order, so either the pin finds the record open and its retirement sees
 the pin (and leaves the close to the last lease), or the pin finds the
 record closed and ends itself under the lock. An unpin removes the entry,
 then reads the flag the same way: open, and the retirement will not see
-it; closed, and the lock decides who closes. Without the GIL (free-
-threaded builds, where ``sys._is_gil_enabled()`` is false), both steps
-take the lifecycle's lock instead: a pin is added under it, and an unpin,
+it; closed, and the lock decides who closes. On a free-threaded
+build (``Py_GIL_DISABLED``, even while its GIL is on), both steps take
+the lifecycle's lock instead: a pin is added under it, and an unpin,
 whose first removal of the entry is one dictionary operation (atomic
 there too), always finds the flag cleared and ends under it.
 

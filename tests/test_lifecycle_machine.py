@@ -118,6 +118,11 @@ class LifecycleRules(RuleBasedStateMachine):
         self.slots: list[Slot] = []
         self.loops = 0
         if self.sync:
+            # The sync rules take the lock-free lease steps a build with
+            # the GIL takes (pin, check_pin, unpin). One thread runs them,
+            # so they hold, or not, on every build: a free-threaded one
+            # runs them too, though its singletons pin under the lock.
+            self.life.lock_free = True
             self.slots.append(self.life.open_slot(None, None)[0])
         else:
             self.open_loop_slot()

@@ -73,10 +73,35 @@ def constant(obj: R) -> Callable[[], R]:
     return lambda: obj
 
 
+def _free_threaded() -> bool:
+    """Whether this is a free-threaded build (configured --disable-gil).
+
+    Its ABI flags say so ("t"), where it has them (POSIX; Windows from
+    3.14); elsewhere sysconfig does (Py_GIL_DISABLED), at an import's cost.
+    """
+    abiflags = getattr(sys, "abiflags", None)
+    if abiflags is not None:
+        return "t" in abiflags
+    import sysconfig  # noqa: PLC0415 -- Windows before 3.14 only.
+
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+# A free-threaded build runs without the GIL, and sys._is_gil_enabled()
+# cannot tell: every extension module's import turns the GIL on, on every
+# thread, while its init runs, and off again after (and one not made for
+# such a build turns it on for good). What a singleton may rely on is
+# decided from the build instead.
+FREE_THREADED: Final = _free_threaded()
+
+
 def gil() -> bool:
-    """Whether the GIL is on. It may turn on at run time, never off."""
-    enabled = getattr(sys, "_is_gil_enabled", None)
-    return enabled is None or bool(enabled())
+    """Whether this build always runs Python code under the GIL.
+
+    True on a default build. False on a free-threaded build: its GIL is
+    off, and whatever turns it on may turn it off again.
+    """
+    return not FREE_THREADED
 
 
 def _nothing(_client: object) -> None:
