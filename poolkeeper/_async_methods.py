@@ -13,6 +13,7 @@ import contextlib
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from poolkeeper._identity import too_many_rounds
+from poolkeeper._lease import warn_dropped
 from poolkeeper._lifecycle import MAX_ROUNDS
 
 if TYPE_CHECKING:
@@ -77,6 +78,11 @@ class AsyncMethods(Generic[T]):
             else:
                 raise too_many_rounds(self._self_name, "lease")
             yield held[0].client
+        except GeneratorExit:
+            # Closed at the yield, never exited: collected (the loop's
+            # async generator finalizer) or its loop ended. It ends now.
+            warn_dropped(self._self_name)
+            raise
         finally:
             # Each layer ends the lease if an exception cut the one before
             # short (unlease is idempotent), then the doomed are closed.

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
 from poolkeeper._close import _LOOP_HINT
+
+log = logging.getLogger("poolkeeper")
 
 if TYPE_CHECKING:
     from poolkeeper._close import Closer
@@ -92,6 +96,83 @@ def _close_anywhere(closer: Closer, record: Record[Any]) -> None:
         # An idle loop cannot run inside this thread's running loop.
         error = _on_helper_thread(closer, record, loop)
     _raise(closer, record, error)
+
+
+def close_soon(closer: Closer, record: Record[Any]) -> None:
+    """Close *record* without waiting for another thread or loop.
+
+    For the garbage collector's clean-up, which runs on whatever thread
+    allocated and must never block there: a sync client is closed here, an
+    async one is handed to its loop (a running loop) or to a helper thread
+    (an idle loop), and nothing waits for them. An ``Exception`` is logged
+    and counted; what a close on another thread raised otherwise is logged
+    there (it has no caller to reach).
+    """
+    try:
+        loop = _owner(closer, record)
+        if loop is None:
+            return
+        if loop is _running_loop():
+            _close_anywhere(closer, record)  # A task of this loop's.
+        elif loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(
+                _carry(closer, record), loop
+            )
+            future.add_done_callback(
+                functools.partial(_report, closer, record)
+            )
+        else:
+            threading.Thread(
+                target=_report_idle,
+                args=(closer, record, loop),
+                name="poolkeeper-close",
+            ).start()
+    except Exception as exc:  # noqa: BLE001 -- logged and counted.
+        closer.failed(record, exc)
+
+
+def _report(
+    closer: Closer,
+    record: Record[Any],
+    future: concurrent.futures.Future[BaseException | None],
+) -> None:
+    # A close close_soon() handed to another loop ended: what it brought
+    # back was counted there; it is logged, as no caller awaits it.
+    try:
+        error = (
+            asyncio.CancelledError() if future.cancelled() else future.result()
+        )
+    except BaseException as exc:  # noqa: BLE001 -- logged below.
+        error = exc
+    if isinstance(error, asyncio.CancelledError):
+        error = None
+        closer.unclosed(
+            record,
+            "its close was cancelled on its event loop",
+            "",
+            count=False,
+        )
+    if error is not None:
+        log.warning(
+            "Closing a collected %s singleton's client raised %r; it was "
+            "dropped.",
+            closer.life.name,
+            error,
+            exc_info=error,
+        )
+
+
+def _report_idle(
+    closer: Closer, record: Record[Any], loop: asyncio.AbstractEventLoop
+) -> None:
+    future: concurrent.futures.Future[BaseException | None] = (
+        concurrent.futures.Future()
+    )
+    try:
+        future.set_result(_run_idle(closer, record, loop))
+    except BaseException as exc:  # noqa: BLE001 -- logged by _report.
+        future.set_result(exc)
+    _report(closer, record, future)
 
 
 async def aclose_anywhere(closer: Closer, record: Record[Any]) -> None:

@@ -19,10 +19,14 @@ environment on every call.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from poolkeeper._records import is_owned, under
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -35,8 +39,18 @@ class _Subscriber(Protocol):
 # name -> {id(subscriber): weak reference}, and name -> those references as a
 # tuple, rebuilt when a subscriber comes or goes: a write iterates the tuple
 # of the name written (nothing else, without a copy or WeakSet's guard).
+# Both change under _lock only. A subscriber's weakref callback may run at
+# any allocation, on any thread, inside a change (the collector's), so it
+# never changes them itself nor waits for the lock: it queues the dead
+# reference in _dead, which whoever holds the lock next empties.
 _refs: dict[str, dict[int, weakref.ref[_Subscriber]]] = {}
 _subscribers: dict[str, tuple[weakref.ref[_Subscriber], ...]] = {}
+_dead: collections.deque[tuple[str, int, weakref.ref[_Subscriber]]] = (
+    collections.deque()
+)
+_lock = threading.RLock()
+# The arguments of a lock's acquire() that never blocks.
+_NO_WAIT = (False,)
 
 _MISSING = object()
 
@@ -164,21 +178,72 @@ def subscribe(names: Iterable[str], subscriber: _Subscriber) -> bool:
     """
     if not _install():
         return False
-    for name in names:
-        refs = _refs.setdefault(name, {})
-        ident = id(subscriber)
-        refs[ident] = weakref.ref(subscriber, _forgetter(name, ident))
-        _subscribers[name] = tuple(refs.values())
+    ident = id(subscriber)
+    added = [
+        (name, weakref.ref(subscriber, _forgetter(name, ident)))
+        for name in names
+    ]
+    under(_lock, _add, ident, added)
+    _sweep()
     return True
+
+
+def _add(
+    ident: int, added: list[tuple[str, weakref.ref[_Subscriber]]]
+) -> None:
+    # Under _lock: callbacks only queue, so nothing else changes the dicts.
+    _forget_dead()
+    for name, ref in added:
+        refs = _refs.setdefault(name, {})
+        refs[ident] = ref
+        _subscribers[name] = tuple(refs.values())
+
+
+def _forget_dead() -> None:
+    # Under _lock.
+    while _dead:
+        name, ident, ref = _dead.popleft()
+        refs = _refs.get(name, {})
+        if refs.get(ident) is ref:  # Not a newer subscriber at this id.
+            del refs[ident]
+            _subscribers[name] = tuple(refs.values())
+
+
+def _sweep() -> None:
+    # Forgets the queued dead without blocking: if another holds the lock,
+    # it empties the queue before letting go (see subscribe), or the next
+    # change does; so does this thread if the collector ran inside its own
+    # change (the lock is reentrant: it would let this in, mid-change).
+    # Taken and noted in one C call (as _registry's _drain does): no
+    # signal's exception between the acquire and its note.
+    while _dead:
+        if is_owned(_lock):
+            return
+        held: list[bool] = []
+        try:
+            held.extend(map(_lock.acquire, _NO_WAIT))
+            if not held[0]:
+                return
+            _forget_dead()
+        finally:
+            if held and held[0]:
+                _lock.release()
 
 
 def _forgetter(
     name: str, ident: int
 ) -> Callable[[weakref.ref[_Subscriber]], None]:
     def forget(ref: weakref.ref[_Subscriber]) -> None:
-        refs = _refs.get(name, {})
-        if refs.get(ident) is ref:  # Not a newer subscriber at the same id.
-            del refs[ident]
-            _subscribers[name] = tuple(refs.values())
+        _dead.append((name, ident, ref))
+        _sweep()
 
     return forget
+
+
+def after_fork_in_child() -> None:
+    """Give the child a fresh lock (from the runtime's one fork hook).
+
+    The parent's may have been held by a thread that does not exist here.
+    """
+    global _lock  # noqa: PLW0603
+    _lock = threading.RLock()

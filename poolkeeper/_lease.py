@@ -18,11 +18,14 @@ order, so either the pin finds the record open and its retirement sees
 the pin (and leaves the close to the last lease), or the pin finds the
 record closed and ends itself under the lock. An unpin removes the entry,
 then reads the flag the same way: open, and the retirement will not see
-it; closed, and the lock decides who closes. Without the GIL (free-
-threaded builds, where ``sys._is_gil_enabled()`` is false), both steps
-take the lifecycle's lock instead: a pin is added under it, and an unpin,
+it; closed, and the lock decides who closes. On a free-threaded
+build (``Py_GIL_DISABLED``, even while its GIL is on), both steps take
+the lifecycle's lock instead: a pin is added under it, and an unpin,
 whose first removal of the entry is one dictionary operation (atomic
 there too), always finds the flag cleared and ends under it.
+
+A retired record holds its pins weakly (see ``loosen`` below): a lease
+dropped without exiting releases its pin when it is collected.
 
 An exception may land at any line (a signal handler's
 ``KeyboardInterrupt``): no store that adds or removes a pin is separated
@@ -33,9 +36,14 @@ short; every step is idempotent, so none runs twice.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import logging
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
+from poolkeeper._close_anywhere import close_soon
 from poolkeeper._identity import too_many_rounds
 from poolkeeper._lifecycle import (
     DONE,
@@ -43,7 +51,8 @@ from poolkeeper._lifecycle import (
     Ended,
     Record,
 )
-from poolkeeper._records import under
+from poolkeeper._records import is_owned, under
+from poolkeeper.exceptions import PoolkeeperWarning
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,6 +61,8 @@ if TYPE_CHECKING:
     from poolkeeper._lifecycle import Lifecycle, Slot
 
 T = TypeVar("T")
+
+log = logging.getLogger("poolkeeper")
 
 _ONCE = "A lease is entered once; call lease() for another."
 
@@ -82,6 +93,15 @@ class Lease(Generic[T]):
     # record whose close this lease owes, once its pin ended.
     pin: Record[Any] | Ended | None = None
     doomed: Record[Any] | None = None
+
+    # A retired record holds its pins weakly (see loosen): this lease's
+    # exit finds its entry there, a weak reference to it, by equality. A
+    # live record's pins hold the lease itself, found by identity: no
+    # Python frame on the fast path.
+    def __eq__(self, other: object) -> bool:
+        return other is self or (type(other) is PinRef and other() is self)
+
+    __hash__ = object.__hash__
 
     def __enter__(self) -> T:
         """Pin the live client (building it if needed) and return it."""
@@ -198,3 +218,107 @@ def lease_class(
             },
         ),
     )
+
+
+# -- leases dropped without exiting ------------------------------------------
+#
+# A lease entered and never exited (a manual __enter__, an ExitStack never
+# closed) would keep its record's pin for ever, and a retired record's
+# close with it. So a retired record holds its pins weakly: once a
+# transition retired records, the driver calls loosen(), which swaps each
+# such record's pins for weak references to the same leases (under the
+# lock; lock-free steps on a retired record always end under the lock, see
+# the module's docstring). A lease the program still holds keeps its pin;
+# one that is garbage collected releases it, with a warning, and its
+# record closes if that was its last lease. The weak reference's callback
+# runs wherever the collector does: it queues the release, which runs only
+# if the lifecycle's lock is free (and not held by this thread), else at
+# the next loosen() or close_all().
+
+
+class PinRef(weakref.ref[Any]):
+    """A retired record's weak pin: a lease the program may have dropped."""
+
+    __slots__ = ("doomed", "lease_class", "pin")
+
+    pin: Record[Any] | Ended | None
+    doomed: Record[Any] | None
+    lease_class: type[Lease[Any]]
+
+
+_dropped: collections.deque[PinRef] = collections.deque()
+_NO_WAIT = (False,)
+
+
+def _on_drop(ref: PinRef) -> None:
+    _dropped.append(ref)
+    release_dropped()
+
+
+def loosen(life: Lifecycle[Any]) -> None:
+    """Hold the pins of *life*'s retired records weakly (see above)."""
+    under(life.lock, _loosen, life)
+    release_dropped()
+
+
+def _loosen(life: Lifecycle[Any]) -> None:
+    for slot in list(life.slots.values()):
+        for record in slot.retired:
+            pins = record.pins
+            keys = list(pins)
+            if all(type(k) is PinRef for k in keys):
+                continue
+            loose: dict[object, None] = {}
+            for key in keys:
+                if type(key) is not PinRef:
+                    ref = PinRef(key, _on_drop)
+                    ref.pin, ref.doomed = record, None
+                    ref.lease_class = cast("type[Lease[Any]]", type(key))
+                    key = ref  # noqa: PLW2901 -- its weak form.
+                loose[key] = None
+            # One store: a lease exiting meanwhile without the lock finds
+            # the record closed and ends its pin under the lock, here.
+            record.pins = loose
+
+
+def release_dropped() -> None:
+    """Release the pins of collected leases; never blocks."""
+    for _ in range(len(_dropped)):
+        try:
+            ref = _dropped.popleft()
+        except IndexError:
+            return
+        cls = ref.lease_class
+        lock = cls._life.lock
+        if is_owned(lock):
+            _dropped.append(ref)  # Inside a transition of this thread's.
+            continue
+        held: list[bool] = []
+        try:
+            held.extend(map(lock.acquire, _NO_WAIT))
+            if held[0]:
+                cls._life.unpin(ref)
+            else:
+                _dropped.append(ref)
+        finally:
+            if held and held[0]:
+                lock.release()
+        if held[0]:
+            warn_dropped(cls._name)
+            if ref.doomed is not None:
+                record, ref.doomed = ref.doomed, None
+                close_soon(cls._closer, record)
+
+
+def warn_dropped(name: str) -> None:
+    """Say that a lease of *name* ended without being exited."""
+    message = (
+        f"A lease of {name} was garbage collected without being exited; "
+        "its pin was released so that its retired client can close. Use "
+        "the lease in a with statement (or exit it)."
+    )
+    log.warning(message, extra={"poolkeeper_factory": name})
+    # Perhaps in the collector's callback: a warnings filter that makes it
+    # an error has no caller to reach (the log record above says it).
+    with contextlib.suppress(Exception):
+        warnings.warn(message, PoolkeeperWarning, stacklevel=2)

@@ -44,6 +44,7 @@ I6. Fork. ``forget_parent`` takes no lock (another thread may have held
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import os
@@ -149,10 +150,35 @@ def constant(obj: R) -> Callable[[], R]:
     return lambda: obj
 
 
+def _free_threaded() -> bool:
+    """Whether this is a free-threaded build (configured --disable-gil).
+
+    Its ABI flags say so ("t"), where it has them (POSIX; Windows from
+    3.14); elsewhere sysconfig does (Py_GIL_DISABLED), at an import's cost.
+    """
+    abiflags = getattr(sys, "abiflags", None)
+    if abiflags is not None:
+        return "t" in abiflags
+    import sysconfig  # noqa: PLC0415 -- Windows before 3.14 only.
+
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+# A free-threaded build runs without the GIL, and sys._is_gil_enabled()
+# cannot tell: every extension module's import turns the GIL on, on every
+# thread, while its init runs, and off again after (and one not made for
+# such a build turns it on for good). What a singleton may rely on is
+# decided from the build instead.
+FREE_THREADED: Final = _free_threaded()
+
+
 def gil() -> bool:
-    """Whether the GIL is on. It may turn on at run time, never off."""
-    enabled = getattr(sys, "_is_gil_enabled", None)
-    return enabled is None or bool(enabled())
+    """Whether this build always runs Python code under the GIL.
+
+    True on a default build. False on a free-threaded build: its GIL is
+    off, and whatever turns it on may turn it off again.
+    """
+    return not FREE_THREADED
 
 
 def _nothing(_client: object) -> None:
@@ -330,15 +356,25 @@ class Lifecycle(Generic[T]):
     def request(  # noqa: PLR0913, PLR0917 -- what a call knows.
         self,
         slot: Slot,
+        compared: Record[T] | None,
+        matched: bool,  # noqa: FBT001 -- whether *compared* matched.
         key_hash: int,
         key: object,
         epoch: int,
         owner: object,
         new_done: Callable[[], object],
-    ) -> Serve | Wait | Build:
-        """Decide what a call for *key*, read at *epoch*, does next."""
+    ) -> Serve | Wait | Build | None:
+        """Decide what a call for *key*, read at *epoch*, does next.
+
+        The caller compared *key* with the slot's live record, *compared*,
+        before, with no lock held (a key's ``__eq__`` is user code): it
+        *matched* or not. None means the live record changed meanwhile:
+        compare again.
+        """
         live = slot.live
-        if live is not None and live.matches(key_hash, key):
+        if live is not compared:
+            return None
+        if live is not None and matched:
             # Arm only if no subscribed variable changed since the key was
             # read; _arm checks again once it has stored armed.
             if epoch == self.epoch and not self.overrides:
@@ -423,17 +459,22 @@ class Lifecycle(Generic[T]):
     def failed(self, ticket: Ticket, error: BaseException | None) -> None:
         """Record a build that raised *error* (None: it was cancelled).
 
-        Only an ``Exception`` is the build's failure, raised in the callers
-        waiting for it. Anything else (``KeyboardInterrupt``, ``SystemExit``,
-        cancellation) concerns the builder alone: its waiters retry.
+        Every error is counted in ``build_failures`` (a ``KeyboardInterrupt``
+        too), except a cancellation. Only an ``Exception`` is raised in the
+        callers waiting for the build: anything else (``KeyboardInterrupt``,
+        ``SystemExit``, cancellation) concerns the builder alone, and its
+        waiters retry.
         """
         if ticket.finished:
             return
+        counted = error is not None and not isinstance(
+            error, asyncio.CancelledError
+        )
         if not isinstance(error, Exception):
             error = None
         slot = ticket.slot
         build = None if slot.build is ticket else slot.build
-        failures = self.build_failures + (error is not None)
+        failures = self.build_failures + counted
         commit(
             starmap(
                 setattr,

@@ -11,6 +11,7 @@ Python reports it as unraisable, as for any finalizer.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import collections
 import functools
@@ -19,11 +20,16 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _filekeys, _waits
+from poolkeeper import _environ, _filekeys, _waits
 from poolkeeper._close import arun_each, run_each
-from poolkeeper._close_anywhere import aclose_anywhere, close_anywhere
+from poolkeeper._close_anywhere import (
+    aclose_anywhere,
+    close_anywhere,
+    close_soon,
+)
+from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import ClientState
-from poolkeeper._records import under
+from poolkeeper._records import is_owned, under
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -92,7 +98,9 @@ def _orphan(entry: Entry) -> None:
     # The singleton was collected: nothing can call it again, so its live
     # clients are retired and closed (leased ones when their lease ends).
     # The collector runs this on whatever thread allocated, perhaps while
-    # that thread holds some other lock: it must never block on a lock.
+    # that thread holds some other lock: it must never block on a lock,
+    # nor wait for a close on another thread or loop (which may need the
+    # lock this thread holds).
     entry.orphaned = True
     _orphans.append(entry)
     _drain()
@@ -112,16 +120,28 @@ def _drain() -> None:
         # between an acquire() and the store of its result would leave the
         # lock held for ever. extend() appends acquire's answer before
         # control is back in this frame; the finally reads only the list.
+        if is_owned(lock):
+            # This thread is inside one of its transitions (the collector
+            # ran in the middle): the lock would let it in, mid-change.
+            _orphans.append(entry)
+            continue
         held: list[bool] = []
+        doomed: list[tuple[Record[Any], Closer]] = []
         try:
             held.extend(map(lock.acquire, _NO_WAIT))
             if held[0]:
-                _close([entry])
+                # Only the decision is made under the lock: a close needs it
+                # (to claim its record), perhaps on another loop's thread.
+                doomed = _detach([entry])
             else:
                 _orphans.append(entry)
         finally:
             if held and held[0]:
                 lock.release()
+        # Closed with no lock held, and never waited for on another thread
+        # or loop. Cut short before they began, they stay owed to
+        # close_all().
+        run_each(functools.partial(close_soon, c, r) for r, c in doomed)
 
 
 def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
@@ -133,6 +153,8 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
         more: list[Record[Any]] = []
         entry.life.detach(more)
         out.extend(more)
+        # A lease dropped without exiting releases its pin when collected.
+        loosen(entry.life)
         # With the closes owed from before: decided, then cut short before
         # they began (each close claims its record, so none runs twice).
         out.extend(r for r in entry.life.owed if all(r is not o for o in out))
@@ -165,9 +187,42 @@ def close_all() -> None:
     other clients were closed, even when that close ran on another
     thread's event loop.
 
+    Raises:
+        RuntimeError: If called inside a running event loop that has live
+            async clients: a synchronous call cannot await their close
+            there (``asyncio.run`` would cancel a close it scheduled). It
+            closes nothing then; ``await aclose_all()`` instead.
+
     .. versionadded:: 0.1
     """
-    _close(under(_lock, list, _entries))
+    entries = under(_lock, list, _entries)
+    _refuse_in_loop(entries)
+    _close(entries)
+
+
+def _refuse_in_loop(entries: list[Entry]) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    names = sorted({e.life.name for e in entries if _owns(e.life, loop)})
+    if names:
+        msg = (
+            "close_all() was called inside a running event loop whose async "
+            f"clients ({', '.join(names)}) it cannot close: a synchronous "
+            "call cannot await their close on the loop it runs on. Nothing "
+            "was closed; in async code, await poolkeeper.aclose_all() "
+            "instead."
+        )
+        raise RuntimeError(msg)
+
+
+def _owns(life: Lifecycle[Any], loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether *life* has a client, live or owed a close, on *loop*."""
+    slot = life.slots.get(id(loop))
+    if slot is None or slot.loop is None or slot.loop() is not loop:
+        return False
+    return slot.live is not None or any(r.slot is slot for r in life.owed)
 
 
 async def aclose_all() -> None:
@@ -193,11 +248,13 @@ async def aclose_all() -> None:
 def _after_fork_in_child() -> None:
     # The runtime's one fork hook. Runs in the child with one thread: take
     # no lock, log nothing, never raise, whatever a hook raises. The
-    # file-key thread and the waits start afresh; each singleton gets a
-    # fresh lock and abandons its parent's clients, never closing them.
+    # file-key thread, the environment subscriptions' lock and the waits
+    # start afresh; each singleton gets a fresh lock and abandons its
+    # parent's clients, never closing them.
     global _lock  # noqa: PLW0603 -- the parent's may be held by a thread.
     _lock = threading.RLock()
     _filekeys.after_fork_in_child()
+    _environ.after_fork_in_child()
     _waits.forget()
     for entry in list(_entries):
         try:

@@ -92,9 +92,22 @@ def rounds(  # noqa: PLR0913, PLR0917 -- what a call knows.
         else:
             done = wakeup()
             asked[:] = slot, done, epoch
+            # The key is compared here, with no lock held: its __eq__ is
+            # user code. request() says if the live record changed since.
+            live = slot.live
+            matched = live is not None and live.matches(key_hash, value)
             step = life.request(
-                slot, key_hash, value, epoch, owner, constant(done)
+                slot,
+                live,
+                matched,
+                key_hash,
+                value,
+                epoch,
+                owner,
+                constant(done),
             )
+            if step is None:
+                continue
             yield step
             if isinstance(step, Build):
                 ticket = step.ticket

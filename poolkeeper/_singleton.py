@@ -12,6 +12,7 @@ import wrapt
 from poolkeeper._close import Closer, run_each
 from poolkeeper._drive import NOTHING, BuildRun, log_built
 from poolkeeper._identity import Identity, no_arguments, report_fork_errors
+from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import Build, Lifecycle, Serve, constant
 from poolkeeper._rounds import read_key, rounds
 from poolkeeper._sync_methods import SyncMethods
@@ -159,7 +160,14 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
             r for r in self._self_life.owed if all(r is not d for d in doomed)
         ]
         close = self._self_closer.close
-        run_each(functools.partial(close, r) for r in (*doomed, *owed))
+        run_each(
+            (
+                *(functools.partial(close, r) for r in (*doomed, *owed)),
+                # Retired records hold their leases weakly: a lease dropped
+                # without exiting releases its pin when collected.
+                functools.partial(loosen, self._self_life),
+            )
+        )
 
 
 # The slow path, which a disarmed class gets back as its __call__.

@@ -16,7 +16,8 @@ class Statistics:
 
     Attributes:
         builds: Successful factory calls.
-        build_failures: Factory calls that raised.
+        build_failures: Factory calls that raised (any exception,
+            ``KeyboardInterrupt`` included; not a cancelled async build).
         closes: Retired clients whose close hook returned normally.
         close_failures: Retired clients whose close hook raised.
         generation: The build number of the live client, 0 when none is

@@ -5,11 +5,46 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import sysconfig
 import threading
 import warnings
 from dataclasses import dataclass, field
 
+import pytest
+
 WAIT = 30.0  # Upper bound, in seconds, on every wait in the tests.
+
+# A free-threaded build (python3.14t): no GIL, so no singleton takes the
+# lock-free steps made for the GIL (poolkeeper._lifecycle.gil).
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+# For a test (or a parametrisation) about the GIL's lock-free steps: a
+# free-threaded build never takes them and cannot be made to.
+gil_paths_only = pytest.mark.skipif(
+    FREE_THREADED,
+    reason="about the lock-free steps made for the GIL, which a"
+    " free-threaded build never takes",
+)
+
+
+def made_as_free_threaded(monkeypatch) -> None:
+    """Make singletons from now on as a free-threaded build makes them.
+
+    They take the lock instead of the lock-free steps, as they do on a
+    free-threaded build even when its GIL is on (see _lifecycle.gil).
+    """
+    from poolkeeper import _lifecycle
+
+    monkeypatch.setattr(_lifecycle, "FREE_THREADED", True)
+
+
+# Parametrises a test's gil argument: True makes singletons as a build
+# with the GIL makes them (skipped on a free-threaded build), False as a
+# free-threaded build makes them (see made_as_free_threaded).
+GIL_PARAMS = [
+    pytest.param(True, id="gil", marks=gil_paths_only),
+    pytest.param(False, id="no-gil"),
+]
 
 
 class FakeClient:

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 from attack import AfterCall, no_collector
-from helpers import Factory
+from helpers import GIL_PARAMS, Factory, made_as_free_threaded
 
 from poolkeeper import close_all, process_singleton
 from poolkeeper._singleton import ProcessSingleton
@@ -104,13 +104,11 @@ def _sweep(code, attempt) -> list[str]:
     pytest.fail(f"{code.co_name} made more calls than swept")
 
 
-@pytest.fixture(name="gil", params=[True, False], ids=["gil", "no-gil"])
+@pytest.fixture(name="gil", params=GIL_PARAMS)
 def _gil(request, monkeypatch):
     """Make singletons as with the GIL on, and as on a free-threaded build."""
     if not request.param:
-        monkeypatch.setattr(
-            sys, "_is_gil_enabled", lambda: False, raising=False
-        )
+        made_as_free_threaded(monkeypatch)
     return request.param
 
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from attack import Pause, join, run
-from helpers import WAIT
+from helpers import GIL_PARAMS, WAIT, made_as_free_threaded
 
 from poolkeeper import keys, process_singleton
 
@@ -38,7 +38,7 @@ def _disarmed_but_matching(env, single) -> None:
 
 
 class TestSyncArming:
-    @pytest.mark.parametrize("gil", [True, False], ids=["gil", "no-gil"])
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
     def test_write_while_a_call_arms_is_never_missed(
         self, env, gil, monkeypatch
     ):
@@ -48,9 +48,7 @@ class TestSyncArming:
         under the lock, so it waits for the stopped call instead.
         """
         if not gil:
-            monkeypatch.setattr(
-                sys, "_is_gil_enabled", lambda: False, raising=False
-            )
+            made_as_free_threaded(monkeypatch)
         single = process_singleton(key=keys.env(NAME))(
             lambda: [os.environ.get(NAME)]
         )
@@ -74,13 +72,23 @@ class TestSyncArming:
 
 
 class TestAsyncArming:
-    def test_write_while_a_loop_arms_is_never_missed(self, env):
-        """The same, for an async singleton's per-loop hit path."""
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
+    def test_write_while_a_loop_arms_is_never_missed(
+        self, env, gil, monkeypatch
+    ):
+        """The same, for an async singleton's per-loop hit path.
+
+        no-gil: made as on a free-threaded build, the write waits for the
+        stopped call's lock, so the call goes on before the write returns.
+        """
+        if not gil:
+            made_as_free_threaded(monkeypatch)
 
         @process_singleton(key=keys.env(NAME))
         async def single():
             return [os.environ.get(NAME)]
 
+        assert gil is single._self_life.lock_free
         pause = Pause("_arm", "before, self.armed = self.armed, client")
 
         async def main():
@@ -90,7 +98,9 @@ class TestAsyncArming:
             loop = asyncio.get_running_loop()
             # A thread waits for the call to stop (the loop with it), then
             # writes and lets it go on.
-            stopped = loop.run_in_executor(None, _stop_and_write, pause, env)
+            stopped = loop.run_in_executor(
+                None, _stop_and_write, pause, env, gil
+            )
             served = await _traced(pause, single)
             await stopped
             assert served is first
@@ -100,10 +110,13 @@ class TestAsyncArming:
         asyncio.run(main())
 
 
-def _stop_and_write(pause: Pause, env) -> None:
+def _stop_and_write(pause: Pause, env, gil: bool) -> None:
     assert pause.reached.wait(WAIT)
-    env[NAME] = "c"
+    writer, _ = run(lambda: env.__setitem__(NAME, "c"))
+    if gil:
+        join(writer)  # Sees nothing armed: returns without the lock.
     pause.release.set()
+    join(writer)
 
 
 async def _traced(pause: Pause, single):

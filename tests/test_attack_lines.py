@@ -69,7 +69,8 @@ class TestBuilderInterrupted:
         assert isinstance(b_box[0], exc)
         live = single()
         assert [[live]] * 3 == [box for _, box in waiters]
-        assert 0 == single.statistics().build_failures
+        # The builder's factory call raised: counted (issue 25, point 7).
+        assert 1 == single.statistics().build_failures
 
 
 class TestAsyncBuilderInterrupted:

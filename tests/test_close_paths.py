@@ -140,20 +140,32 @@ class TestAsyncClose:
         asyncio.run(main())
         assert 1 == single.statistics().close_failures
 
-    def test_close_all_on_the_clients_own_loop_schedules_the_close(self):
-        """close_all() called inside the client's loop closes it soon after."""
+    def test_close_all_on_the_clients_own_loop_refuses(self):
+        """close_all() inside the client's loop says to await aclose_all().
+
+        It cannot await the close there, and a close it scheduled instead
+        was cancelled by asyncio.run (issue 25, point 3): it closes nothing
+        and raises; aclose_all() then closes the client on its loop.
+        """
         single, _ = async_single()
 
         async def main():
             client = await single()
-            close_all()
-            for _ in range(10):
-                await asyncio.sleep(0)
+            with pytest.raises(
+                RuntimeError, match=r"await poolkeeper\.aclose_all\(\)"
+            ):
+                close_all()
+            assert [] == client.closed_on
+            assert client is await single()  # Still live.
+            await aclose_all()
             return client, asyncio.get_running_loop()
 
         client, loop = asyncio.run(main())
         assert [loop] == client.closed_on
-        assert 1 == single.statistics().closes
+        assert (1, 0) == (
+            single.statistics().closes,
+            single.statistics().close_failures,
+        )
 
     def test_close_all_runs_an_idle_loop_to_close(self):
         """close_all() with no loop running closes on the idle client loop."""

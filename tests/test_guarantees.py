@@ -19,11 +19,13 @@ import weakref
 import pytest
 from attack import Inject, Pause, join, no_collector, run
 from helpers import (
+    GIL_PARAMS,
     WAIT,
     Factory,
     FakeClient,
     blocked_in,
     fork_and_check,
+    made_as_free_threaded,
     wait_until,
 )
 
@@ -104,11 +106,23 @@ class TestNoClosedClient:
 
 
 class TestLeaseNeverRetired:
-    def test_retire_between_hit_and_pin_leases_the_new_client(self):
-        """close_all() after the lease's hit, before its pin: it pins anew."""
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
+    def test_retire_between_hit_and_pin_leases_the_new_client(
+        self, gil, monkeypatch
+    ):
+        """close_all() after the lease's hit, before its pin: it pins anew.
+
+        no-gil: made as on a free-threaded build, the pin is made under the
+        lock, after the hit.
+        """
+        if not gil:
+            made_as_free_threaded(monkeypatch)
         single = process_singleton(Factory())
         first = single()
-        pause = Pause("__enter__", "self.pin = record")
+        if gil:
+            pause = Pause("__enter__", "self.pin = record")
+        else:
+            pause = Pause("_enter", "if under(life.lock, life.pin, slot,")
         box: list[object] = []
 
         def lease():
@@ -137,8 +151,17 @@ class TestLeaseNeverRetired:
 
 
 class TestNoStaleKey:
-    def test_call_after_a_write_never_gets_the_old_client(self, env):
-        """A caller that read the old key cannot arm it after the write."""
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
+    def test_call_after_a_write_never_gets_the_old_client(
+        self, env, gil, monkeypatch
+    ):
+        """A caller that read the old key cannot arm it after the write.
+
+        no-gil: made as on a free-threaded build, the write takes the lock,
+        so it waits for the stopped caller.
+        """
+        if not gil:
+            made_as_free_threaded(monkeypatch)
         env["PK_G_KEY"] = "old"
         single = env_single()
         old = single()
@@ -147,11 +170,12 @@ class TestNoStaleKey:
         pause = Pause("request", "self._arm(live.client")
         thread, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)  # Holding the lock, about to arm.
-        # Nothing is armed yet: the write returns without the lock.
         writer, _ = run(lambda: env.__setitem__("PK_G_KEY", "new"))
-        join(writer)
+        if gil:
+            # Nothing is armed yet: the write returns without the lock.
+            join(writer)
         pause.release.set()
-        join(thread)
+        join(thread, writer)
         assert [old] == box
         fresh = single()
         assert fresh is not old

@@ -13,7 +13,7 @@ import os
 import sys
 
 import pytest
-from helpers import Factory
+from helpers import GIL_PARAMS, Factory, made_as_free_threaded
 
 from poolkeeper import keys, process_singleton
 
@@ -110,9 +110,19 @@ class TestLeaseFrames:
             pytest.param(lambda path: keys.env("PK_TEST_KEY"), id="env"),
         ],
     )
-    def test_lease_runs_its_enter_and_exit_only(self, key_file, make_key):
-        """Making, entering and exiting a built lease: two Python frames."""
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
+    def test_lease_runs_its_enter_and_exit_only(
+        self, key_file, make_key, gil, monkeypatch
+    ):
+        """Making, entering and exiting a built lease: two Python frames.
+
+        no-gil: made as on a free-threaded build, the lease pins and
+        unpins under the lock (``under``, see I1), in four frames each way.
+        """
+        if not gil:
+            made_as_free_threaded(monkeypatch)
         single = process_singleton(key=make_key(key_file))(Factory())
+        assert gil is single._self_life.lock_free
         client = single()
         single()
         result: list[object] = []
@@ -123,7 +133,12 @@ class TestLeaseFrames:
 
         frames = frames_of(use)
 
-        assert ["use", "__enter__", "__exit__"] == frames
+        if gil:
+            assert ["use", "__enter__", "__exit__"] == frames
+        else:
+            enter = ["__enter__", "_enter", "under", "pin"]
+            exit_ = ["__exit__", "_finish", "under", "unpin"]
+            assert ["use", *enter, *exit_] == frames
         assert [client] == result
         assert 0 == single.statistics().leases
 

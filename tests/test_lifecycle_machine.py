@@ -56,6 +56,15 @@ KEYS = ("a", "b", -1, -2)
 AT = st.integers(0, 7)
 
 
+def ask(life: Lifecycle[Client], slot: Slot, key: str, epoch: int):
+    """Request *key* as a driver does: compared first, with no lock held."""
+    live = slot.live
+    matched = live is not None and live.matches(hash(key), key)
+    return life.request(
+        slot, live, matched, hash(key), key, epoch, None, object
+    )
+
+
 def _examples(default: int) -> int:
     """The examples to run: *default*, or what the environment asks for."""
     wanted = os.environ.get("POOLKEEPER_MACHINE_EXAMPLES")
@@ -109,6 +118,11 @@ class LifecycleRules(RuleBasedStateMachine):
         self.slots: list[Slot] = []
         self.loops = 0
         if self.sync:
+            # The sync rules take the lock-free lease steps a build with
+            # the GIL takes (pin, check_pin, unpin). One thread runs them,
+            # so they hold, or not, on every build: a free-threaded one
+            # runs them too, though its singletons pin under the lock.
+            self.life.lock_free = True
             self.slots.append(self.life.open_slot(None, None)[0])
         else:
             self.open_loop_slot()
@@ -200,7 +214,7 @@ class LifecycleRules(RuleBasedStateMachine):
         # back > 0: the call read the epoch and key before a change.
         epoch, key = self.history[max(0, len(self.history) - 1 - back)]
         armed = len(self.armed)
-        step = self.life.request(slot, hash(key), key, epoch, None, object)
+        step = ask(self.life, slot, key, epoch)
         if isinstance(step, Serve):
             record = step.record
             assert ClientState.LIVE is record.state
@@ -703,7 +717,7 @@ class TestRegressions:
     def _build(
         self, life: Lifecycle[Client], slot: Slot, client: Client
     ) -> list[Record[Client]]:
-        step = life.request(slot, hash("a"), "a", life.epoch, None, object)
+        step = ask(life, slot, "a", life.epoch)
         assert isinstance(step, Build)
         doomed: list[Record[Client]] = []
         life.built(step.ticket, client, None, 0.0, doomed)
@@ -712,7 +726,7 @@ class TestRegressions:
     def test_build_after_fork_returning_a_live_object_closes_nothing(self):
         """A parent's build ending in the child with a live object keeps it."""
         life, old = self._life()
-        step = life.request(old, hash("a"), "a", life.epoch, None, object)
+        step = ask(life, old, "a", life.epoch)
         assert isinstance(step, Build)
         life.forget_parent(keep=False)
         assert old.dropped
@@ -731,7 +745,7 @@ class TestRegressions:
     def test_build_after_its_loop_ended_closes_what_nobody_holds(self):
         """A build whose loop ended meanwhile closes its client once."""
         life, old = self._life()
-        step = life.request(old, hash("a"), "a", life.epoch, None, object)
+        step = ask(life, old, "a", life.epoch)
         assert isinstance(step, Build)
         doomed: list[Record[Client]] = []
         life.close_slot(old, doomed)
@@ -750,7 +764,7 @@ class TestRegressions:
         leased = slot.live
         held: list[Record[Client]] = []
         assert life.lease(slot, leased, held)
-        step = life.request(slot, hash("b"), "b", life.epoch, None, object)
+        step = ask(life, slot, "b", life.epoch)
         assert isinstance(step, Build)
         doomed: list[Record[Client]] = []
         life.built(step.ticket, client, None, 0.0, doomed)

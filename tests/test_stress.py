@@ -1,7 +1,8 @@
 """Bounded churn: callers, leases, key rotation, resets and close_all().
 
 Runs for ``POOLKEEPER_STRESS_SECONDS`` (2 by default, so CI stays quick;
-set it to 180 for a soak) and prints its figures (shown with ``-s``).
+set it to 180 for a soak) with ``POOLKEEPER_STRESS_CALLERS`` calling
+threads (4 by default) and prints its figures (shown with ``-s``).
 Only what the library guarantees is asserted, so the test cannot flake
 on a slow or loaded machine:
 
@@ -16,18 +17,18 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import sys
 import threading
 import time
 from collections import Counter
 
 import pytest
-from helpers import WAIT, wait_until
+from helpers import GIL_PARAMS, WAIT, made_as_free_threaded, wait_until
 
 from poolkeeper import close_all, keys, process_singleton
 
 NAME = "PK_STRESS_KEY"
 SECONDS = float(os.environ.get("POOLKEEPER_STRESS_SECONDS", "2"))
+CALLERS = int(os.environ.get("POOLKEEPER_STRESS_CALLERS", "4"))
 # The least churn a run must see before it may stop.
 MINIMUM = {"rotations": 50, "resets": 5, "close_alls": 1}
 
@@ -122,7 +123,7 @@ class Churn:
         """Churn for *seconds*; every thread must end."""
         threads = [
             threading.Thread(target=self.caller, args=(i,), daemon=True)
-            for i in range(4)
+            for i in range(CALLERS)
         ]
         threads.append(threading.Thread(target=self.rotator, daemon=True))
         for thread in threads:
@@ -146,21 +147,19 @@ class TestChurn:
     @pytest.mark.parametrize(
         "key", [keys.env(NAME), _polled], ids=["pushed", "polled"]
     )
-    @pytest.mark.parametrize("gil", [True, False], ids=["gil", "no-gil"])
+    @pytest.mark.parametrize("gil", GIL_PARAMS)
     def test_churn_serves_no_closing_client_and_closes_each_once(
         self, env, key, gil, monkeypatch
     ):
         """Threads churn for a while; every guarantee holds throughout.
 
         no-gil: the singleton is made as on a free-threaded build, where
-        leases pin and watched changes move the epoch under the lock (the
-        interpreter still has its GIL: this runs those paths, it cannot
-        show them right without one).
+        leases pin and watched changes move the epoch under the lock (on a
+        build with the GIL, the GIL is still there: this runs those paths,
+        it cannot show them right without one; a free-threaded build can).
         """
         if not gil:
-            monkeypatch.setattr(
-                sys, "_is_gil_enabled", lambda: False, raising=False
-            )
+            made_as_free_threaded(monkeypatch)
         env[NAME] = "0"
         churn = Churn(env, key)
         assert gil is churn.single._self_life.lock_free
@@ -176,7 +175,7 @@ class TestChurn:
         print(
             f"churn ({'polled' if key is _polled else 'pushed'}, "
             f"{'gil' if gil else 'no-gil'}) "
-            f"for {SECONDS:g}s: {dict(figures)}, "
+            f"for {SECONDS:g}s, {CALLERS} callers: {dict(figures)}, "
             f"violations={len(churn.violations)}"
         )
         assert [] == churn.violations
