@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
+import sys
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from poolkeeper._fingerprint import fingerprint
@@ -65,8 +67,17 @@ class Identity(Generic[T]):
         return self
 
     def __reduce_ex__(self, protocol: object) -> str:
-        """Pickle by reference: each process unpickles its own singleton."""
-        return self._self_name
+        """Pickle by reference: each process unpickles its own singleton.
+
+        The reference is the name the singleton is reachable under in its
+        factory's module: the factory's own name when decorated with ``@``,
+        else the module attribute holding it (``api =
+        process_singleton(_make_api)``).
+
+        Raises:
+            pickle.PicklingError: If no module attribute holds it.
+        """
+        return reachable_name(self, self._self_name)
 
     @contextlib.contextmanager
     def override(self, obj: T) -> Generator[T, None, None]:
@@ -100,6 +111,33 @@ class Identity(Generic[T]):
         finally:
             if life.holds_override(token):
                 life.pop_override(token)
+
+
+def reachable_name(single: object, name: str) -> str:
+    """Return the name of *single* in its module, for pickling by reference.
+
+    *name* (the factory's qualified name) is tried first, then every
+    attribute of the module; a singleton nothing names cannot be unpickled
+    in another process, so it fails here with what to do.
+    """
+    module_name = getattr(single, "__module__", None)
+    module = sys.modules.get(module_name) if module_name else None
+    if module is not None:
+        found: object = module
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is single:
+            return name
+        for attr, value in list(vars(module).items()):
+            if value is single:
+                return attr
+    msg = (
+        f"Cannot pickle the singleton of {name}: no attribute of its module "
+        f"{module_name!r} holds it, so another process could not find it. "
+        f"Assign it to a module-level name (api = process_singleton({name})) "
+        "or decorate the factory with @process_singleton."
+    )
+    raise pickle.PicklingError(msg)
 
 
 def no_arguments(name: str, args: tuple[object, ...], kwargs: object) -> str:
