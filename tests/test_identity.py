@@ -81,7 +81,7 @@ def _made(tmp_path, monkeypatch):
     (tmp_path / "made_by_call.py").write_text(textwrap.dedent(MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "made_by_call", raising=False)
-    import made_by_call  # noqa: PLC0415 -- written by this fixture.
+    import made_by_call  # Written by this fixture.
 
     return made_by_call
 
