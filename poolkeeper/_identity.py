@@ -269,13 +269,22 @@ def key_fingerprint(has_key: bool, value: object) -> str | None:  # noqa: FBT001
 
 
 def report_fork_errors(name: str, errors: list[BaseException]) -> None:
-    """Log, once, the after_fork failures the at-fork hook kept quiet.
+    """Log, once, the after_fork failures (and warnings) kept quiet.
 
     Empties *errors*: the hook runs in a forked child where logging could
     deadlock, so the first call in the child reports them instead.
     """
     while errors:
         exc = errors.pop(0)
+        if isinstance(exc, Warning):  # Said by the hook, not raised.
+            log.warning(
+                "%s (the after_fork hook of %s, in process %d)",
+                exc,
+                name,
+                os.getpid(),
+                extra={"poolkeeper_factory": name},
+            )
+            continue
         log.warning(
             "The after_fork hook of %s failed in process %d.",
             name,
