@@ -275,11 +275,19 @@ class TestAsAfterFork:
         server.settimeout(5)
         assert b"" == server.recv(1)
 
+    @pytest.mark.parametrize("kind", ["plain", "tls"])
     def test_a_child_that_uses_a_released_socket_gets_no_parent_bytes(
-        self, pair
+        self, request, kind
     ):
-        """A child using a released socket fails; the peer gets nothing."""
-        _, client, server = pair
+        """A child writing to a released socket fails; the peer gets nothing.
+
+        Also over TLS, whose OpenSSL writes with write(2): a /dev/null open
+        for writing took the bytes silently.
+        """
+        if kind == "tls":
+            client, server = request.getfixturevalue("tls_pair")
+        else:
+            _, client, server = request.getfixturevalue("pair")
 
         def in_child():
             release_sockets([client])
@@ -290,7 +298,9 @@ class TestAsAfterFork:
             return "sent"
 
         child = Forked(in_child)
-        assert "OSError" == child.result()
+        # TLS: ssl.SSLEOFError, or OSError (EBADF) on Python 3.13.
+        expected = {"OSError", "SSLEOFError"} if kind == "tls" else {"OSError"}
+        assert child.result() in expected
         assert 0 == child.finish()
         server.settimeout(QUIET)
         with pytest.raises(TimeoutError):
@@ -402,29 +412,6 @@ class TestOnlyTheClientsOwn:
             )
         else:
             assert (1, 1, [], []) == (count, gone, open_ports, said)
-
-    def test_a_released_tls_socket_fails_a_write(self, tls_pair):
-        """A TLS write after release raises OSError; the peer gets nothing."""
-        client, server = tls_pair
-
-        def in_child():
-            release_sockets([client])
-            try:
-                client.sendall(b"from the child")
-            except OSError as exc:
-                # ssl.SSLEOFError, or OSError EBADF on Python 3.13.
-                return type(exc).__name__
-            return "sent"
-
-        child = Forked(in_child)
-        assert child.result() in {"SSLEOFError", "OSError"}
-        assert 0 == child.finish()
-        server.settimeout(QUIET)
-        with pytest.raises(TimeoutError):
-            server.recv(1)
-        client.sendall(b"x")
-        server.settimeout(5)
-        assert b"x" == server.recv(1)
 
     def test_nothing_released_is_logged_on_first_use(self, caplog):
         """As after_fork, the warning waits for the child's first call."""
