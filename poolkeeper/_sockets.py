@@ -105,7 +105,7 @@ def release_sockets(client: object, /) -> int:
     allocated, so no later socket of the child reuses it while the
     abandoned client still names it. A child that uses the client anyway
     never reaches the parent's peer: a write fails with :class:`OSError`
-    (``ENOTSOCK``; on a TLS socket :class:`ssl.SSLEOFError`, because
+    (``ENOTSOCK``; on a TLS socket ``ssl.SSLEOFError`` or ``EBADF``, because
     OpenSSL writes with ``write(2)`` and the descriptor is read-only) and
     a read fails with ``ENOTSOCK`` or, on a TLS socket, sees end of file.
 
