@@ -82,6 +82,7 @@ nitpick_ignore = [
     ("py:class", "poolkeeper._async.T"),
     ("py:class", "poolkeeper._sync_methods.T"),
     ("py:class", "poolkeeper._async_methods.T"),
+    ("py:class", "poolkeeper._identity.T"),
     # The private classes typing what process_singleton(...) returns when
     # called with options (a decorator); they are not public API, and the
     # hooked one exists only for type checkers.

@@ -21,7 +21,12 @@ from typing import (
 )
 
 from poolkeeper._make import make, make_async
-from poolkeeper._options import check_factory, check_key, check_options
+from poolkeeper._options import (
+    check_factory,
+    check_key,
+    check_options,
+    check_positional,
+)
 
 if TYPE_CHECKING:
     from poolkeeper._async import AsyncProcessSingleton
@@ -193,6 +198,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             f"the options are {', '.join(_OPTIONS)}."
         )
         raise TypeError(msg)
+    check_positional(factory)
     combined_key = check_key(key)
     check_options(close, after_fork, fork, min_rebuild_interval)
 

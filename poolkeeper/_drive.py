@@ -34,6 +34,7 @@ instruction that ends the ``await``.
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import sys
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
@@ -132,6 +133,26 @@ class BuildRun(Generic[T]):
                     life.built(ticket, client, fingerprint, now, self.doomed)
         finally:
             self.wake(ticket.done)
+
+
+def refuse_coroutine(name: str, made: dict[None, Any]) -> None:
+    """Fail a sync build whose factory returned a coroutine; keep nothing.
+
+    Cached, the coroutine would be served to every call, and the second
+    ``await`` of it fails with "cannot reuse already awaited coroutine".
+    """
+    if not inspect.iscoroutine(made[None]):
+        return
+    # Out of made first: the build then ends as failed, never as built.
+    coroutine = made.pop(None)
+    coroutine.close()  # Never to be awaited: no "never awaited" warning.
+    msg = (
+        f"The factory {name} returned a coroutine: it is async, so a "
+        "synchronous singleton cannot build with it. Make it an `async "
+        "def` function (a lambda or functools.partial hides that it is "
+        f"async), and await the singleton: `client = await {name}()`."
+    )
+    raise TypeError(msg)
 
 
 def log_built(name: str, record: Record[Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, cast
 
+from poolkeeper._filekey import FileKey
 from poolkeeper.keys import EnvKey, KeyTuple
 
 if TYPE_CHECKING:
@@ -43,6 +44,23 @@ def check_options(
             f"of seconds >= 0, got {interval!r}."
         )
         raise ValueError(msg)
+
+
+def check_positional(factory: object) -> None:
+    """Refuse a key passed where the factory goes: options are keywords."""
+    parts = cast(
+        "tuple[object, ...]",
+        factory if isinstance(factory, tuple) else (factory,),
+    )
+    if parts and all(
+        isinstance(p, (EnvKey, FileKey, KeyTuple)) for p in parts
+    ):
+        msg = (
+            f"process_singleton() got the key {factory!r} as its factory: "
+            "its options are keyword-only, write "
+            f"@process_singleton(key={factory!r})."
+        )
+        raise TypeError(msg)
 
 
 def check_key(key: object) -> Callable[[], object] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -321,6 +322,33 @@ class TestExitStatus:
         assert 2 == main(["check", str(tmp_path)])
         out = capsys.readouterr().out
         assert out.startswith(f"{tmp_path / 'gone.py'}:1:1: PK000 cannot")
+
+    def test_a_named_pipe_is_reported_not_read(self, tmp_path):
+        """A FIFO called *.py is PK000 (walked or given); the rest is checked.
+
+        In a child process: before the fix, reading the FIFO blocked for
+        ever.
+        """
+        fifo = tmp_path / "pipe.py"
+        os.mkfifo(fifo)
+        shutil.copy(FIXTURES / "incident_before.py", tmp_path)
+        unchecked = (
+            f"{fifo}:1:1: PK000 cannot check this file: a named pipe, not a "
+            "regular file"
+        )
+        for target in (tmp_path, fifo):
+            done = subprocess.run(
+                [sys.executable, "-m", "poolkeeper", "check", str(target)],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
+            )
+            assert 2 == done.returncode
+            assert unchecked == done.stdout.splitlines()[0]
+            assert "Could not check 1 file(s)." in done.stderr
+        codes = [line.split()[1] for line in done.stdout.splitlines()]
+        assert ["PK000"] == codes
 
     def test_head_closes_the_pipe(self, tmp_path):
         """Piping into a reader that stops early ends without a traceback."""
