@@ -175,7 +175,7 @@ class DaytonaEmulator:
         self._handshake_lock = threading.Lock()
         self._handshakes_to_drop = 0
         self._dropped_handshakes = 0
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._serve_again: Callable[[], Awaitable[None]] | None = None
         self._rng = random.Random(seed)  # noqa: S311 - not cryptographic.
         self._api_keys = api_keys
