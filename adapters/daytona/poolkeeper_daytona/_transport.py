@@ -117,7 +117,7 @@ def is_transport_failure(exc: BaseException) -> bool:
     Returns:
         Whether the connection, not the API, failed.
 
-    .. versionadded:: 0.2.0
+    .. versionadded:: 0.1.0
     """
     transport, timeouts, not_timeouts = _types()
     seen: set[int] = set()

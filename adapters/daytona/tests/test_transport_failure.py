@@ -44,7 +44,7 @@ def _types(exc: BaseException) -> list[type[BaseException]]:
 @pytest.fixture(name="tls_emu")
 def _tls_emu(monkeypatch):
     """A TLS emulator the SDK trusts through SSL_CERT_FILE."""
-    with DaytonaEmulator(tls=True, max_lifetime=120.0) as emu:
+    with DaytonaEmulator(tls=True) as emu:
         for name, value in emu.trust_env().items():
             monkeypatch.setenv(name, value)
         yield emu

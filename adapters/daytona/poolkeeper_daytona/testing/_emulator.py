@@ -8,6 +8,7 @@ import logging
 import random
 import threading
 import time
+from pathlib import Path  # noqa: TC003 - Sphinx resolves ca_file's type.
 from typing import TYPE_CHECKING, Any, Final, final
 
 from aiohttp import web
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
         Coroutine,
         Iterator,
     )
-    from pathlib import Path
     from types import TracebackType
 
     from typing_extensions import Self
@@ -83,9 +83,6 @@ class DaytonaEmulator:
             client = Daytona(DaytonaConfig(api_key="k", api_url=emu.api_url))
 
     .. versionadded:: 0.1.0
-    .. versionchanged:: 0.2.0
-       *tls*, *eof_rate*, *reset_rate*, *handshake_eof_rate*,
-       :meth:`break_requests`, :meth:`break_handshakes` and :meth:`outage`.
     """
 
     def __init__(  # noqa: PLR0913 - every knob is keyword-only.
@@ -389,7 +386,7 @@ class DaytonaEmulator:
         closes the connection without TLS ``close_notify`` (the client
         reads ``ssl.SSLEOFError`` over TLS); ``"reset"`` answers it with a
         TCP reset before serving it. Planned breaks are used before
-        :attr:`faults`' ``eof_rate``/``reset_rate`` are drawn; Socket.IO
+        the ``eof_rate``/``reset_rate`` of ``faults`` are drawn; Socket.IO
         traffic is never broken. Note that urllib3 retries idempotent
         requests (GET, DELETE) after a broken connection by itself.
 
