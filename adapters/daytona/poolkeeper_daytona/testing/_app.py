@@ -159,6 +159,10 @@ class EmulatorApp:
         broken = self._break_for(request.method)
         transport = request.transport
         if broken == "reset" and transport is not None:
+            # Read the whole request first: a reset that lands while the
+            # client still sends its body fails the send (urllib3 retries
+            # that, even a POST), not the wait for the answer.
+            await request.read()
             self._record(request, 0, client, broken)
             break_transport(transport, broken)
             return web.Response(status=204)  # Never sent: the peer is gone.
