@@ -64,6 +64,7 @@ nitpick_ignore = [
     ("py:class", "contextlib.AbstractContextManager"),
     ("py:class", "contextlib.AbstractAsyncContextManager"),
     ("py:class", "os.PathLike"),
+    ("py:class", "pathlib.Path"),
     ("py:class", "socket.socket"),
     ("py:class", "AbstractContextManager"),
     ("py:class", "contextlib.AbstractContextManager"),

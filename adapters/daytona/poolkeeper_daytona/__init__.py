@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         TESTED_SDK_VERSIONS,
         DaytonaInternalsWarning,
     )
+    from poolkeeper_daytona._transport import is_transport_failure
 
 __all__ = [
     "DEFAULT_API_KEY_FILE",
@@ -38,6 +39,7 @@ __all__ = [
     "async_daytona_client",
     "close_daytona",
     "daytona_client",
+    "is_transport_failure",
     "make_daytona_singleton",
 ]
 
@@ -52,6 +54,7 @@ _WHERE = {
     "async_daytona_client": "_async_client",
     "close_daytona": "_close",
     "daytona_client": "_client",
+    "is_transport_failure": "_transport",
     "make_daytona_singleton": "_client",
 }
 
