@@ -17,10 +17,13 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from poolkeeper_daytona._guard import unrecognised
+from poolkeeper_daytona._guard import is_sdk_object, unrecognised
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+
+    # Reports a missing internal: the guard for a real client, else DEBUG.
+    Report = Callable[[str], None]
 
 __all__ = ["close_daytona"]
 
@@ -70,8 +73,10 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
 
     Idempotent and never raises: a failing step is logged at WARNING on the
     ``poolkeeper.daytona`` logger and the next step still runs. A missing
-    internal is reported once per process as a
-    :class:`DaytonaInternalsWarning`. The client must not be used afterwards.
+    internal of a real SDK client is reported once per process as a
+    :class:`DaytonaInternalsWarning`; on anything else (a test double) it
+    is logged at DEBUG only, and the once-per-process warning is kept for
+    a real client. The client must not be used afterwards.
 
     Args:
         client: A ``daytona.Daytona`` (anything else is released on a
@@ -83,7 +88,8 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
     """
     try:
         if _mark_closed(client):
-            _release(client, time.monotonic() + timeout)
+            report = unrecognised if is_sdk_object(client) else _not_sdk
+            _release(client, time.monotonic() + timeout, report)
     except Exception:  # noqa: BLE001 - close_daytona never raises.
         _log.warning(
             "Unexpected failure closing a Daytona client.", exc_info=True
@@ -149,10 +155,16 @@ def _step(what: str) -> Iterator[None]:
         )
 
 
-def _attr(obj: object, name: str, label: str) -> Any:  # noqa: ANN401
+def _not_sdk(what: str) -> None:
+    # A test double lacks internals by design: no DaytonaInternalsWarning,
+    # and the once-per-process warning stays for a real client.
+    _log.debug("Closing a non-SDK object: it has no %s.", what)
+
+
+def _attr(obj: object, name: str, label: str, report: Report) -> Any:  # noqa: ANN401
     value = getattr(obj, name, _MISSING)
     if value is _MISSING:
-        unrecognised(label)
+        report(label)
         return None
     return value
 
@@ -165,29 +177,32 @@ def _join(thread: object, deadline: float) -> None:
     thread.join(max(_MIN_WAIT, deadline - time.monotonic()))
 
 
-def _release(client: object, deadline: float) -> None:
+def _release(client: object, deadline: float, report: Report) -> None:
     manager = _attr(
-        client, "_subscription_manager", "Daytona._subscription_manager"
+        client,
+        "_subscription_manager",
+        "Daytona._subscription_manager",
+        report,
     )
     if manager is not None:
-        _shutdown_subscriptions(manager, deadline)
+        _shutdown_subscriptions(manager, deadline, report)
     dispatcher = _attr(
-        client, "_event_dispatcher", "Daytona._event_dispatcher"
+        client, "_event_dispatcher", "Daytona._event_dispatcher", report
     )
     if dispatcher is not None:
-        _close_dispatcher(dispatcher, deadline)
+        _close_dispatcher(dispatcher, deadline, report)
     for owner in _POOL_OWNERS:
-        api = _attr(client, owner, f"Daytona.{owner}")
+        api = _attr(client, owner, f"Daytona.{owner}", report)
         pools = getattr(
             getattr(api, "rest_client", None), "pool_manager", None
         )
         clear = getattr(pools, "clear", None)
         if api is not None and not callable(clear):
-            unrecognised(f"Daytona.{owner}.rest_client.pool_manager")
+            report(f"Daytona.{owner}.rest_client.pool_manager")
         elif callable(clear):
             with _step(f"{owner} pool clear"):
                 clear()
-    http = _attr(client, "_http_client", "Daytona._http_client")
+    http = _attr(client, "_http_client", "Daytona._http_client", report)
     close = getattr(http, "close", None)
     if callable(close):
         with _step("httpx client close"):
@@ -201,21 +216,25 @@ def _release(client: object, deadline: float) -> None:
             shutdown()
 
 
-def _shutdown_subscriptions(manager: object, deadline: float) -> None:
+def _shutdown_subscriptions(
+    manager: object, deadline: float, report: Report
+) -> None:
     # Before the dispatcher: unsubscribing on a closed dispatcher would start
     # a fresh 30 s idle timer that nothing cancels.
     shutdown = getattr(manager, "shutdown", None)
     if not callable(shutdown):
-        unrecognised("Daytona._subscription_manager.shutdown")
+        report("Daytona._subscription_manager.shutdown")
         return
     with _step("subscription manager shutdown"):
         shutdown()
     _join(getattr(manager, "_worker", None), deadline)
 
 
-def _close_dispatcher(dispatcher: object, deadline: float) -> None:
+def _close_dispatcher(
+    dispatcher: object, deadline: float, report: Report
+) -> None:
     if not hasattr(dispatcher, "_closed"):
-        unrecognised("SyncEventDispatcher._closed")
+        report("SyncEventDispatcher._closed")
     lock = getattr(dispatcher, "_lock", None)
     acquire = getattr(lock, "acquire", None)
     held = bool(acquire(timeout=_LOCK_WAIT)) if callable(acquire) else False
@@ -237,7 +256,7 @@ def _close_dispatcher(dispatcher: object, deadline: float) -> None:
         with _step("event dispatcher disconnect"):
             disconnect()
     else:
-        unrecognised("SyncEventDispatcher.disconnect")
+        report("SyncEventDispatcher.disconnect")
     # Rescan: the dispatcher's disconnect may have dropped a client from
     # its own attributes while a reconnect loop still holds it.
     for sio in {

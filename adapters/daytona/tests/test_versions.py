@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import types
 
+import daytona
 import pytest
 
 from poolkeeper_daytona import (
@@ -67,7 +67,7 @@ class TestWarningText:
         """The message has the installed version and each tested one."""
         _reset_for_tests()
         try:
-            close_daytona(types.SimpleNamespace())
+            close_daytona(object.__new__(daytona.Daytona))
         finally:
             _reset_for_tests()
 
