@@ -27,10 +27,10 @@ SOURCES := pyproject.toml poolkeeper-watch.pth adapters/daytona/pyproject.toml \
 	$(shell find poolkeeper adapters/daytona/poolkeeper_daytona \
 		-name '*.py' -o -name py.typed)
 PACKAGES := --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
-	. ./adapters/daytona
+	. "./adapters/daytona[sdk]"
 ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
 
-.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit \
+.PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
 	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
 	bench docs sdist clean
 
@@ -115,6 +115,26 @@ $(CORE)/.installed: $(UV) $(SOURCES)
 		--reinstall-package poolkeeper . --group test
 	touch $@
 
+# The adapter without the SDK, as a project that keeps provider SDKs
+# optional gets it in its CPU CI (radixark/miles): the adapter's tests'
+# sdk_optional_project/, its module-level singletons, no daytona, aiohttp,
+# socketio or dotenv installed. The adapter suite runs the same project
+# with the SDK (the SDK job) and with it hidden.
+NOSDK := .venv-nosdk
+$(NOSDK)/.installed: $(UV) $(SOURCES)
+	test -x $(NOSDK)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(NOSDK)
+	$(UV) pip install --python $(NOSDK)/bin/python --quiet \
+		--reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
+		. ./adapters/daytona $(ADAPTER_TEST)
+	touch $@
+
+no-sdk: $(NOSDK)/.installed
+	for m in daytona aiohttp socketio dotenv; do \
+		! $(NOSDK)/bin/python -c "import $$m" 2>/dev/null || exit 1; done
+	cd adapters/daytona/tests/sdk_optional_project && \
+		../../../../$(NOSDK)/bin/python -m pytest -q -p no:cacheprovider \
+		-W error -rs
+
 core-only: $(CORE)/.installed
 	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
 	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
@@ -159,7 +179,7 @@ matrix: $(addprefix py-,$(MATRIX))
 # Every target runs, whatever failed before it; a summary lists them all.
 test:
 	@.ci/run-targets lint typecheck docs doctest unit-core unit-adapter sdks \
-		coverage core-only demo-smoke sdist pip-compat sdk-matrix \
+		coverage core-only no-sdk demo-smoke sdist pip-compat sdk-matrix \
 		$(addprefix py-,$(MATRIX))
 
 # The core's sdist holds the core's files only.
@@ -172,12 +192,15 @@ bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) $(PIPV) $(SDKV) .venv-py* dist \
+	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) $(NOSDK) $(PIPV) $(PIPV)-current $(SDKV) .venv-py* dist \
 		.pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage .coverage.*
 
 # --- Installing with an old pip; wrapt 1.17 and 2.x (issue 11) ---------
 # pip as Python 3.11's venv ships it (23.2.1), never upgraded, installs
-# both distributions from source; `pip check` must agree. The test tools
+# both distributions from source beside the newest daytona, as users
+# write it (`pip install poolkeeper-daytona daytona`), then with the sdk
+# extra; `pip check` must agree. The current pip does the same first
+# install in a venv of its own. The test tools
 # come after, with uv (they are dependency groups, which that pip cannot
 # read). Then the smoke checks, the core suite and the adapter's run on
 # wrapt 1.17.x; on wrapt 2.x the smoke checks run here and the suites in
@@ -187,10 +210,13 @@ pip-compat: $(UV)
 	rm -rf $(PIPV)
 	$(PYTHON) -m venv $(PIPV)
 	$(PIPV)/bin/python -m pip --version
-	$(PIPV)/bin/python -m pip install --quiet ./ ./adapters/daytona
+	$(PIPV)/bin/python -m pip install --quiet ./ ./adapters/daytona daytona
 	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -c "from poolkeeper_daytona import daytona_client; \
-		import daytona; daytona.Daytona; print(daytona_client)"
+		import daytona, importlib.metadata as m; daytona.Daytona; \
+		assert m.version('daytona') == '$(SDK_NEWEST)', m.version('daytona')"
+	$(PIPV)/bin/python -m pip install --quiet "./adapters/daytona[sdk]"
+	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=1.17,<2"
 	$(PIPV)/bin/python -m pip check
 	$(UV) pip install --python $(PIPV)/bin/python --quiet \
@@ -201,6 +227,14 @@ pip-compat: $(UV)
 	cd adapters/daytona && ../../$(PIPV)/bin/python -m pytest -q
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=2"
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
+	rm -rf $(PIPV)-current
+	$(PYTHON) -m venv $(PIPV)-current
+	$(PIPV)-current/bin/python -m pip install --quiet --upgrade pip
+	$(PIPV)-current/bin/python -m pip --version
+	$(PIPV)-current/bin/python -m pip install --quiet ./ ./adapters/daytona daytona
+	$(PIPV)-current/bin/python -m pip check
+	$(PIPV)-current/bin/python -c "import importlib.metadata as m; \
+		assert m.version('daytona') == '$(SDK_NEWEST)', m.version('daytona')"
 
 # --- The adapter on the oldest and newest daytona it declares ----------
 # Keep in step with adapters/daytona/pyproject.toml and the adapter's
@@ -215,7 +249,7 @@ sdk-matrix: venv
 	rm -rf $(SDKV)
 	$(UV) venv --quiet --python $(PYTHON) $(SDKV)
 	$(UV) pip install --python $(SDKV)/bin/python --quiet \
-		. ./adapters/daytona "daytona==$(SDK_LOWEST)" $(ADAPTER_TEST)
+		. "./adapters/daytona[sdk]" "daytona==$(SDK_LOWEST)" $(ADAPTER_TEST)
 	$(SDKV)/bin/python -c "import importlib.metadata as m; \
 		assert m.version('daytona') == '$(SDK_LOWEST)'"
 	cd adapters/daytona && ../../$(SDKV)/bin/python -m pytest -q
