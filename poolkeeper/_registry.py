@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _waits
+from poolkeeper import _adapters, _waits
 from poolkeeper._close import arun_each, run_each
 from poolkeeper._close_anywhere import aclose_anywhere, close_anywhere
 from poolkeeper._lifecycle import ClientState
@@ -209,10 +209,13 @@ def _after_fork_in_child() -> None:
 
 def _abandon(entry: Entry, record: Record[Any]) -> None:
     abandoned.append(record.client)
-    if entry.after_fork is None or record.state is not ClientState.ABANDONED:
+    hook = entry.after_fork
+    if hook is None:  # An adapter's, learnt at the build (a dict read).
+        hook = _adapters.inherited(record.client)
+    if hook is None or record.state is not ClientState.ABANDONED:
         return
     try:
-        entry.after_fork(record.client)
+        hook(record.client)
     except BaseException as exc:  # noqa: BLE001 -- logged on first use.
         entry.life.fork_errors.append(exc)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import sys
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
+
+from poolkeeper import release_sockets
 
 from poolkeeper_daytona._guard import is_sdk_object, unrecognised
 
@@ -35,10 +36,6 @@ _POOL_OWNERS: Final = ("_api_client", "_toolbox_api_client")
 
 _closed_lock = threading.Lock()
 _closed: weakref.WeakSet[Any] = weakref.WeakSet()
-# Clients inherited across fork(): kept alive on purpose, so that no
-# finalizer ever runs in the child (urllib3's pool finalizer takes a queue
-# lock that a parent thread may have held at fork time).
-_inherited: list[object] = []
 
 
 def _registry(module: str, name: str) -> list[Any]:
@@ -104,10 +101,12 @@ def _after_fork(client: object) -> None:
     (a parent thread may have held one at fork time). It marks the
     dispatcher and the subscription manager closed, disables reconnection,
     unlinks the Socket.IO clients from the global registries (so a SIGINT
-    handler in the child cannot disconnect the parent's session), and closes
-    the child's *copies* of the pooled and websocket sockets with
-    ``socket.close()``: the parent's descriptors keep the connections open.
-    The client is kept referenced for the child's lifetime.
+    handler in the child cannot disconnect the parent's session), and
+    releases the child's copies of the pooled and websocket sockets with
+    :func:`poolkeeper.release_sockets`: the parent's ``close()`` then ends
+    the connections even while the child lives. poolkeeper keeps the
+    client referenced in the child (its list of abandoned clients), so no
+    finalizer runs on it there.
 
     It runs in the at-fork hook, so it logs and warns nothing; an error
     propagates to poolkeeper, which reports it on the singleton's next use.
@@ -115,22 +114,20 @@ def _after_fork(client: object) -> None:
     Args:
         client: The inherited ``daytona.Daytona``.
     """
-    _inherited.append(client)
     dispatcher = getattr(client, "_event_dispatcher", None)
     if dispatcher is not None:
         dispatcher._closed = True
         for sio in _socketio_clients_of(dispatcher):
             sio.reconnection = False
-            eio = getattr(sio, "eio", None)
             _unlink(_reconnecting_clients(), sio)
-            _unlink(_connected_clients(), eio)
-            _close_copy(getattr(getattr(eio, "ws", None), "sock", None))
+            _unlink(_connected_clients(), getattr(sio, "eio", None))
+            # An orphaned client (found in the registries) is not reachable
+            # from the Daytona client: its websocket is released here.
+            release_sockets(sio)
     manager = getattr(client, "_subscription_manager", None)
     if manager is not None:
         manager._closed = True
-    for owner in _POOL_OWNERS:
-        for sock in _pooled_sockets(getattr(client, owner, None)):
-            _close_copy(sock)
+    release_sockets(client)
 
 
 def _mark_closed(client: object) -> bool:
@@ -327,21 +324,3 @@ def _stop_socketio(sio: Any, deadline: float) -> None:  # noqa: ANN401
 def _unlink(registry: list[Any], item: object) -> None:
     with contextlib.suppress(ValueError):
         registry.remove(item)
-
-
-def _pooled_sockets(api: object) -> Iterator[object]:
-    """The idle pooled sockets of an API client, read without locks."""
-    pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
-    container = getattr(getattr(pools, "pools", None), "_container", None)
-    for pool in list(getattr(container, "values", list)()):
-        for conn in list(getattr(getattr(pool, "pool", None), "queue", ())):
-            yield getattr(conn, "sock", None)
-
-
-def _close_copy(sock: object) -> None:
-    # socket.close(), never os.close(): the object forgets its descriptor,
-    # so no later finalizer closes a reused number. Closing one of several
-    # descriptors of a connection sends nothing (no FIN, no TLS alert).
-    if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):
-            sock.close()
