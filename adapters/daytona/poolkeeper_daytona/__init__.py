@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         TESTED_SDK_VERSIONS,
         DaytonaInternalsWarning,
     )
+    from poolkeeper_daytona._reuse import ClosedDaytonaUsedWarning
     from poolkeeper_daytona._sdk import (
         SUPPORTED_SDK_RANGE,
         DaytonaVersionWarning,
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_API_KEY_FILE",
     "SUPPORTED_SDK_RANGE",
     "TESTED_SDK_VERSIONS",
+    "ClosedDaytonaUsedWarning",
     "DaytonaCredentialsError",
     "DaytonaInternalsWarning",
     "DaytonaVersionWarning",
@@ -53,6 +55,7 @@ _WHERE = {
     "DEFAULT_API_KEY_FILE": "_client",
     "SUPPORTED_SDK_RANGE": "_sdk",
     "TESTED_SDK_VERSIONS": "_guard",
+    "ClosedDaytonaUsedWarning": "_reuse",
     "DaytonaCredentialsError": "_client",
     "DaytonaInternalsWarning": "_guard",
     "DaytonaVersionWarning": "_sdk",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from poolkeeper import release_sockets
 
 from poolkeeper_daytona._guard import is_sdk_object, unrecognised
+from poolkeeper_daytona._reuse import guard_reuse
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -73,7 +74,8 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
     internal of a real SDK client is reported once per process as a
     :class:`DaytonaInternalsWarning`; on anything else (a test double) it
     is logged at DEBUG only, and the once-per-process warning is kept for
-    a real client. The client must not be used afterwards.
+    a real client. The client must not be used afterwards: its first use
+    issues a :class:`~poolkeeper_daytona.ClosedDaytonaUsedWarning`.
 
     Args:
         client: A ``daytona.Daytona`` (anything else is released on a
@@ -188,17 +190,22 @@ def _release(client: object, deadline: float, report: Report) -> None:
     )
     if dispatcher is not None:
         _close_dispatcher(dispatcher, deadline, report)
+    managers: list[object] = []
     for owner in _POOL_OWNERS:
         api = _attr(client, owner, f"Daytona.{owner}", report)
         pools = getattr(
             getattr(api, "rest_client", None), "pool_manager", None
         )
+        if pools is not None:
+            managers.append(pools)
         clear = getattr(pools, "clear", None)
         if api is not None and not callable(clear):
             report(f"Daytona.{owner}.rest_client.pool_manager")
         elif callable(clear):
             with _step(f"{owner} pool clear"):
                 clear()
+    if report is unrecognised:  # A real client: its reuse warns.
+        guard_reuse(managers)
     http = _attr(client, "_http_client", "Daytona._http_client", report)
     close = getattr(http, "close", None)
     if callable(close):
