@@ -24,11 +24,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 # What an install copies: a change to any of these reinstalls.
 SOURCES := pyproject.toml poolkeeper-watch.pth adapters/daytona/pyproject.toml \
+	adapters/daytona/demo/pyproject.toml \
 	$(shell find poolkeeper adapters/daytona/poolkeeper_daytona \
+		adapters/daytona/demo/poolkeeper_daytona_demo \
 		-name '*.py' -o -name py.typed)
 PACKAGES := --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
 	. "./adapters/daytona[sdk]"
 ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
+# The demo is a package of its own beside the adapter (never in its wheel):
+# the dev venv (its tests) and the demo venv install it.
+DEMO_PACKAGE := --reinstall-package poolkeeper-daytona-demo ./adapters/daytona/demo
 
 .PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
 	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
@@ -43,23 +48,24 @@ $(UV):
 $(VENV)/.installed: $(UV) $(SOURCES)
 	test -x $(BIN)/python || $(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
 	$(UV) pip install --python $(BIN)/python --quiet $(PACKAGES) \
-		--group dev --group sdks $(ADAPTER_TEST)
+		$(DEMO_PACKAGE) --group dev --group sdks $(ADAPTER_TEST)
 	touch $@
 
 venv: $(VENV)/.installed
 
 # The incident and its fix, live, on the embedded Daytona emulator. Its
-# venv holds the two packages, the SDK and matplotlib (the PNG chart);
+# venv holds the two packages, the SDK, the demo package
+# (adapters/daytona/demo) and matplotlib (the PNG chart);
 # no development tools.
 DEMO := .venv-demo
 $(DEMO)/.installed: $(UV) $(SOURCES)
 	test -x $(DEMO)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(DEMO)
 	$(UV) pip install --python $(DEMO)/bin/python --quiet $(PACKAGES) \
-		--group demo
+		$(DEMO_PACKAGE) --group demo
 	touch $@
 
 demo: $(DEMO)/.installed
-	$(DEMO)/bin/poolkeeper-daytona demo $(ARGS)
+	$(DEMO)/bin/python -m poolkeeper_daytona_demo demo $(ARGS)
 
 quickstart: $(DEMO)/.installed
 	$(DEMO)/bin/python examples/quickstart.py
@@ -67,7 +73,8 @@ quickstart: $(DEMO)/.installed
 # The demo doubles as a smoke test: it exits 1 if the pooled phase's fds
 # grow. Small settings keep it short.
 demo-smoke: $(DEMO)/.installed
-	$(DEMO)/bin/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
+	$(DEMO)/bin/python -m poolkeeper_daytona_demo demo --threads 4 \
+		--attempts 60 --no-progress
 	$(DEMO)/bin/python examples/quickstart.py
 
 lint: venv
@@ -78,6 +85,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 	cd adapters/daytona && ../../$(BIN)/mypy
+	cd adapters/daytona/demo && ../../../$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" pyright
 	cd /tmp && PATH="$(CURDIR)/$(BIN):$$PATH" pyright \
 		--verifytypes poolkeeper --ignoreexternal
@@ -96,6 +104,7 @@ coverage: venv
 
 unit-adapter: venv
 	cd adapters/daytona && ../../$(BIN)/pytest
+	cd adapters/daytona/demo && ../../../$(BIN)/pytest
 
 unit: unit-core unit-adapter
 
@@ -182,11 +191,15 @@ test:
 		coverage core-only no-sdk demo-smoke sdist pip-compat sdk-matrix \
 		$(addprefix py-,$(MATRIX))
 
-# The core's sdist holds the core's files only.
+# The core's sdist holds the core's files only; the adapter's wheel holds
+# the library only (no demo, no console script) and its hooks' entry point.
 sdist: venv
 	rm -rf dist/sdist-check
 	$(UV) build --quiet --sdist --out-dir dist/sdist-check .
 	$(BIN)/python .ci/check_sdist.py dist/sdist-check/*.tar.gz
+	$(UV) build --quiet --wheel --out-dir dist/sdist-check adapters/daytona
+	$(BIN)/python .ci/check_sdist.py --adapter-wheel \
+		dist/sdist-check/poolkeeper_daytona-*.whl
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py

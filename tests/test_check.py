@@ -380,8 +380,8 @@ class TestCorpus:
     def test_project_is_clean(self, capsys, monkeypatch):
         """No findings in the project (its config excludes test fixtures)."""
         monkeypatch.chdir(ROOT)
-        # _demo.py's naive phase builds a client per attempt on purpose,
-        # marked with noqa.
+        # The demo's naive phase (adapters/daytona/demo) builds a client
+        # per attempt on purpose, marked with noqa.
         status, found = run(capsys, ROOT)
         assert (0, []) == (status, found)
 
