@@ -39,6 +39,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
+from poolkeeper import _adapters
 from poolkeeper._identity import key_fingerprint
 
 if TYPE_CHECKING:
@@ -156,7 +157,10 @@ def refuse_coroutine(name: str, made: dict[None, Any]) -> None:
 
 
 def log_built(name: str, record: Record[Any]) -> None:
-    """Log a build that made *record* live."""
+    """Log a build that made *record* live; learn its type's hooks."""
+    # After the build, off the hit path: adapters' hooks for the client's
+    # type are known before any fork that inherits it (see _adapters).
+    _adapters.learn(record.client)
     log.debug(
         "Built %s (generation %d, key %s).",
         name,

@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _waits
+from poolkeeper import _adapters, _waits
 from poolkeeper._close import arun_each, run_each
 from poolkeeper._close_anywhere import (
     aclose_anywhere,
@@ -284,12 +284,15 @@ def kept_clients() -> list[object]:
 def _abandon(entry: Entry, record: Record[Any]) -> None:
     global fork_notes  # noqa: PLW0603 -- read by release_sockets().
     abandoned.append(record.client)
-    if entry.after_fork is None or record.state is not ClientState.ABANDONED:
+    hook = entry.after_fork
+    if hook is None:  # An adapter's, learnt at the build (a dict read).
+        hook = _adapters.inherited(record.client)
+    if hook is None or record.state is not ClientState.ABANDONED:
         return
     notes: list[str] = []
     fork_notes = notes
     try:
-        entry.after_fork(record.client)
+        hook(record.client)
     except BaseException as exc:  # noqa: BLE001 -- logged on first use.
         entry.life.fork_errors.append(exc)
     finally:
