@@ -24,13 +24,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 # What an install copies: a change to any of these reinstalls.
 SOURCES := pyproject.toml poolkeeper-watch.pth adapters/daytona/pyproject.toml \
+	adapters/daytona/demo/pyproject.toml \
 	$(shell find poolkeeper adapters/daytona/poolkeeper_daytona \
+		adapters/daytona/demo/poolkeeper_daytona_demo \
 		-name '*.py' -o -name py.typed)
 PACKAGES := --reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
-	. ./adapters/daytona
+	. "./adapters/daytona[sdk]"
 ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
+# The demo is a package of its own beside the adapter (never in its wheel):
+# the dev venv (its tests) and the demo venv install it.
+DEMO_PACKAGE := --reinstall-package poolkeeper-daytona-demo ./adapters/daytona/demo
 
-.PHONY: demo quickstart demo-smoke core-only test venv lint typecheck unit \
+.PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
 	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
 	freethreaded bench bench-freethreaded docs sdist clean
 
@@ -43,23 +48,24 @@ $(UV):
 $(VENV)/.installed: $(UV) $(SOURCES)
 	test -x $(BIN)/python || $(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
 	$(UV) pip install --python $(BIN)/python --quiet $(PACKAGES) \
-		--group dev --group sdks $(ADAPTER_TEST)
+		$(DEMO_PACKAGE) --group dev --group sdks $(ADAPTER_TEST)
 	touch $@
 
 venv: $(VENV)/.installed
 
 # The incident and its fix, live, on the embedded Daytona emulator. Its
-# venv holds the two packages, the SDK and matplotlib (the PNG chart);
+# venv holds the two packages, the SDK, the demo package
+# (adapters/daytona/demo) and matplotlib (the PNG chart);
 # no development tools.
 DEMO := .venv-demo
 $(DEMO)/.installed: $(UV) $(SOURCES)
 	test -x $(DEMO)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(DEMO)
 	$(UV) pip install --python $(DEMO)/bin/python --quiet $(PACKAGES) \
-		--group demo
+		$(DEMO_PACKAGE) --group demo
 	touch $@
 
 demo: $(DEMO)/.installed
-	$(DEMO)/bin/poolkeeper-daytona demo $(ARGS)
+	$(DEMO)/bin/python -m poolkeeper_daytona_demo demo $(ARGS)
 
 quickstart: $(DEMO)/.installed
 	$(DEMO)/bin/python examples/quickstart.py
@@ -67,7 +73,8 @@ quickstart: $(DEMO)/.installed
 # The demo doubles as a smoke test: it exits 1 if the pooled phase's fds
 # grow. Small settings keep it short.
 demo-smoke: $(DEMO)/.installed
-	$(DEMO)/bin/poolkeeper-daytona demo --threads 4 --attempts 60 --no-progress
+	$(DEMO)/bin/python -m poolkeeper_daytona_demo demo --threads 4 \
+		--attempts 60 --no-progress
 	$(DEMO)/bin/python examples/quickstart.py
 
 lint: venv
@@ -78,6 +85,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 	cd adapters/daytona && ../../$(BIN)/mypy
+	cd adapters/daytona/demo && ../../../$(BIN)/mypy
 	PATH="$(CURDIR)/$(BIN):$$PATH" pyright
 	cd /tmp && PATH="$(CURDIR)/$(BIN):$$PATH" pyright \
 		--verifytypes poolkeeper --ignoreexternal
@@ -96,6 +104,7 @@ coverage: venv
 
 unit-adapter: venv
 	cd adapters/daytona && ../../$(BIN)/pytest
+	cd adapters/daytona/demo && ../../../$(BIN)/pytest
 
 unit: unit-core unit-adapter
 
@@ -114,6 +123,26 @@ $(CORE)/.installed: $(UV) $(SOURCES)
 	$(UV) pip install --python $(CORE)/bin/python --quiet \
 		--reinstall-package poolkeeper . --group test
 	touch $@
+
+# The adapter without the SDK, as a project that keeps provider SDKs
+# optional gets it in its CPU CI (radixark/miles): the adapter's tests'
+# sdk_optional_project/, its module-level singletons, no daytona, aiohttp,
+# socketio or dotenv installed. The adapter suite runs the same project
+# with the SDK (the SDK job) and with it hidden.
+NOSDK := .venv-nosdk
+$(NOSDK)/.installed: $(UV) $(SOURCES)
+	test -x $(NOSDK)/bin/python || $(UV) venv --quiet --python $(PYTHON) $(NOSDK)
+	$(UV) pip install --python $(NOSDK)/bin/python --quiet \
+		--reinstall-package poolkeeper --reinstall-package poolkeeper-daytona \
+		. ./adapters/daytona $(ADAPTER_TEST)
+	touch $@
+
+no-sdk: $(NOSDK)/.installed
+	for m in daytona aiohttp socketio dotenv; do \
+		! $(NOSDK)/bin/python -c "import $$m" 2>/dev/null || exit 1; done
+	cd adapters/daytona/tests/sdk_optional_project && \
+		../../../../$(NOSDK)/bin/python -m pytest -q -p no:cacheprovider \
+		-W error -rs
 
 core-only: $(CORE)/.installed
 	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
@@ -159,25 +188,33 @@ matrix: $(addprefix py-,$(MATRIX))
 # Every target runs, whatever failed before it; a summary lists them all.
 test:
 	@.ci/run-targets lint typecheck docs doctest unit-core unit-adapter sdks \
-		coverage core-only demo-smoke sdist pip-compat sdk-matrix \
+		coverage core-only no-sdk demo-smoke sdist pip-compat sdk-matrix \
 		$(addprefix py-,$(MATRIX)) freethreaded
 
-# The core's sdist holds the core's files only.
+# The core's sdist holds the core's files only; the adapter's wheel holds
+# the library only (no demo, no console script) and its hooks' entry point.
 sdist: venv
 	rm -rf dist/sdist-check
 	$(UV) build --quiet --sdist --out-dir dist/sdist-check .
 	$(BIN)/python .ci/check_sdist.py dist/sdist-check/*.tar.gz
+	$(UV) build --quiet --wheel --out-dir dist/sdist-check adapters/daytona
+	$(BIN)/python .ci/check_sdist.py --adapter-wheel \
+		dist/sdist-check/poolkeeper_daytona-*.whl
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) $(PIPV) $(SDKV) $(FT) .venv-py* dist \
+	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) $(NOSDK) $(PIPV) $(PIPV)-current $(SDKV) \
+		$(FT) .venv-py* dist \
 		.pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage .coverage.*
 
 # --- Installing with an old pip; wrapt 1.17 and 2.x (issue 11) ---------
 # pip as Python 3.11's venv ships it (23.2.1), never upgraded, installs
-# both distributions from source; `pip check` must agree. The test tools
+# both distributions from source beside the newest daytona, as users
+# write it (`pip install poolkeeper-daytona daytona`), then with the sdk
+# extra; `pip check` must agree. The current pip does the same first
+# install in a venv of its own. The test tools
 # come after, with uv (they are dependency groups, which that pip cannot
 # read). Then the smoke checks, the core suite and the adapter's run on
 # wrapt 1.17.x; on wrapt 2.x the smoke checks run here and the suites in
@@ -187,10 +224,13 @@ pip-compat: $(UV)
 	rm -rf $(PIPV)
 	$(PYTHON) -m venv $(PIPV)
 	$(PIPV)/bin/python -m pip --version
-	$(PIPV)/bin/python -m pip install --quiet ./ ./adapters/daytona
+	$(PIPV)/bin/python -m pip install --quiet ./ ./adapters/daytona daytona
 	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -c "from poolkeeper_daytona import daytona_client; \
-		import daytona; daytona.Daytona; print(daytona_client)"
+		import daytona, importlib.metadata as m; daytona.Daytona; \
+		assert m.version('daytona') == '$(SDK_NEWEST)', m.version('daytona')"
+	$(PIPV)/bin/python -m pip install --quiet "./adapters/daytona[sdk]"
+	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=1.17,<2"
 	$(PIPV)/bin/python -m pip check
 	$(UV) pip install --python $(PIPV)/bin/python --quiet \
@@ -201,6 +241,14 @@ pip-compat: $(UV)
 	cd adapters/daytona && ../../$(PIPV)/bin/python -m pytest -q
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=2"
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
+	rm -rf $(PIPV)-current
+	$(PYTHON) -m venv $(PIPV)-current
+	$(PIPV)-current/bin/python -m pip install --quiet --upgrade pip
+	$(PIPV)-current/bin/python -m pip --version
+	$(PIPV)-current/bin/python -m pip install --quiet ./ ./adapters/daytona daytona
+	$(PIPV)-current/bin/python -m pip check
+	$(PIPV)-current/bin/python -c "import importlib.metadata as m; \
+		assert m.version('daytona') == '$(SDK_NEWEST)', m.version('daytona')"
 
 # --- The adapter on the oldest and newest daytona it declares ----------
 # Keep in step with adapters/daytona/pyproject.toml and the adapter's
@@ -215,7 +263,7 @@ sdk-matrix: venv
 	rm -rf $(SDKV)
 	$(UV) venv --quiet --python $(PYTHON) $(SDKV)
 	$(UV) pip install --python $(SDKV)/bin/python --quiet \
-		. ./adapters/daytona "daytona==$(SDK_LOWEST)" $(ADAPTER_TEST)
+		. "./adapters/daytona[sdk]" "daytona==$(SDK_LOWEST)" $(ADAPTER_TEST)
 	$(SDKV)/bin/python -c "import importlib.metadata as m; \
 		assert m.version('daytona') == '$(SDK_LOWEST)'"
 	cd adapters/daytona && ../../$(SDKV)/bin/python -m pytest -q

@@ -64,6 +64,7 @@ nitpick_ignore = [
     ("py:class", "contextlib.AbstractContextManager"),
     ("py:class", "contextlib.AbstractAsyncContextManager"),
     ("py:class", "os.PathLike"),
+    ("py:class", "pathlib.Path"),
     ("py:class", "socket.socket"),
     ("py:class", "AbstractContextManager"),
     ("py:class", "contextlib.AbstractContextManager"),
@@ -82,6 +83,7 @@ nitpick_ignore = [
     ("py:class", "poolkeeper._async.T"),
     ("py:class", "poolkeeper._sync_methods.T"),
     ("py:class", "poolkeeper._async_methods.T"),
+    ("py:class", "poolkeeper._identity.T"),
     # The private classes typing what process_singleton(...) returns when
     # called with options (a decorator); they are not public API, and the
     # hooked one exists only for type checkers.

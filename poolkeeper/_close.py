@@ -2,15 +2,17 @@
 
 A close runs with no lock held, exactly once per doomed record (the
 lifecycle hands each record out once). It uses ``close=`` when given, else
-the client's ``aclose()`` (async singletons) or ``close()``, else nothing.
-An ``Exception`` from any of that (even from looking ``close`` up) is
-logged at WARNING with its traceback and counted, never raised; anything
-else (``KeyboardInterrupt``, ``SystemExit``, cancellation) is counted once
-and propagates to the caller, after every other client the caller closes
-was closed: a close run on another thread's loop or on a helper thread
-hands it back to the caller instead of raising it there. A client that
-cannot be closed is reported where a user sees it: a WARNING log record
-and an :class:`UnclosedClientWarning` pointing at the user's code.
+the close an adapter gives for the client's type (``_adapters``), else the
+client's ``aclose()`` (async singletons) or ``close()``, else nothing
+(said once per type). An ``Exception`` from any of that (even from looking
+``close`` up) is logged at WARNING with its traceback and counted, never
+raised; anything else (``KeyboardInterrupt``, ``SystemExit``,
+cancellation) is counted once and propagates to the caller, after every
+other client the caller closes was closed: a close run on another thread's
+loop or on a helper thread hands it back to the caller instead of raising
+it there. A client that cannot be closed is reported where a user sees it:
+a WARNING log record and an :class:`UnclosedClientWarning` pointing at the
+user's code.
 
 Closing a client from code that may run on another thread or loop than the
 client's (``close_all()``, ``aclose_all()``) is in ``_close_anywhere``.
@@ -26,6 +28,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, cast
 
+from poolkeeper import _adapters
 from poolkeeper.exceptions import UnclosedClientWarning
 
 if TYPE_CHECKING:
@@ -88,6 +91,7 @@ class Closer:
                 self.life.closed(ok=False)
             raise
         if claimed:
+            _adapters.say_unclosed(name, record.client)
             log.debug(
                 "The retired %s client (generation %d) has no close(); "
                 "dropping it.",
@@ -100,6 +104,9 @@ class Closer:
     def _resolve(self, client: object) -> Callable[[], object] | None:
         if self.hook is not None:
             return functools.partial(self.hook, client)
+        close = _adapters.learn(client).close
+        if close is not None:
+            return functools.partial(close, client)
         for name in ("aclose", "close") if self.is_async else ("close",):
             method = getattr(client, name, None)
             if callable(method):

@@ -25,6 +25,7 @@ from poolkeeper._options import (
     validate_factory,
     validate_key,
     validate_options,
+    validate_positional,
 )
 
 if TYPE_CHECKING:
@@ -159,12 +160,17 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             no lock held; when its value changes the client is rebuilt and
             the old one retired. See :mod:`poolkeeper.keys`.
         close: Called with a retired client to close it. Default: the
-            client's own ``close()`` if it has one (for async singletons
-            ``aclose()`` first; awaitables are awaited), else nothing.
+            close an installed adapter declares for the client's type
+            (the ``poolkeeper.adapters`` entry points), else the client's
+            own ``close()`` if it has one (for async singletons
+            ``aclose()`` first; awaitables are awaited), else nothing
+            (said once per type, at WARNING).
         after_fork: Called in a forked child with each client inherited
             from the parent, which the child then abandons without closing.
             It must not use the client's connections (they are the
             parent's); release only the child's copies of OS resources.
+            Default: the fork hook an installed adapter declares for the
+            client's type, else nothing.
         fork: ``"rebuild"`` (default): a forked child builds its own client.
             ``"keep"``: the child keeps using the parent's, for clients
             documented as fork-safe.
@@ -197,6 +203,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             f"the options are {', '.join(_OPTIONS)}."
         )
         raise TypeError(msg)
+    validate_positional(factory)
     combined_key = validate_key(key)
     validate_options(close, after_fork, fork, min_rebuild_interval)
 

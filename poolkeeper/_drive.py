@@ -34,10 +34,12 @@ instruction that ends the ``await``.
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import sys
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
+from poolkeeper import _adapters
 from poolkeeper._identity import key_fingerprint
 
 if TYPE_CHECKING:
@@ -134,8 +136,31 @@ class BuildRun(Generic[T]):
             self.wake(ticket.done)
 
 
+def refuse_coroutine(name: str, made: dict[None, Any]) -> None:
+    """Fail a sync build whose factory returned a coroutine; keep nothing.
+
+    Cached, the coroutine would be served to every call, and the second
+    ``await`` of it fails with "cannot reuse already awaited coroutine".
+    """
+    if not inspect.iscoroutine(made[None]):
+        return
+    # Out of made first: the build then ends as failed, never as built.
+    coroutine = made.pop(None)
+    coroutine.close()  # Never to be awaited: no "never awaited" warning.
+    msg = (
+        f"The factory {name} returned a coroutine: it is async, so a "
+        "synchronous singleton cannot build with it. Make it an `async "
+        "def` function (a lambda or functools.partial hides that it is "
+        f"async), and await the singleton: `client = await {name}()`."
+    )
+    raise TypeError(msg)
+
+
 def log_built(name: str, record: Record[Any]) -> None:
-    """Log a build that made *record* live."""
+    """Log a build that made *record* live; learn its type's hooks."""
+    # After the build, off the hit path: adapters' hooks for the client's
+    # type are known before any fork that inherits it (see _adapters).
+    _adapters.learn(record.client)
     log.debug(
         "Built %s (generation %d, key %s).",
         name,

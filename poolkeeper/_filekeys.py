@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 import weakref
@@ -311,10 +312,48 @@ class FileKey:
 
 def _read(path: str) -> str | None:
     try:
-        with open(path, "rb") as f:  # noqa: PTH123
-            return fingerprint(f.read())
+        content = read_regular(path)
     except FileNotFoundError:
         return None
+    except NotRegularFileError as exc:
+        msg = f"keys.file({path!r}) names {exc}; point it at a regular file."
+        raise NotRegularFileError(msg) from None
+    return fingerprint(content)
+
+
+class NotRegularFileError(OSError):
+    """A path names a named pipe, a device or a directory: never read."""
+
+
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """Return the content of the regular file *path*; never block on others.
+
+    Opened without blocking, then checked: a named pipe would block the
+    open (and a read) until a writer came, and a device may never end.
+
+    Raises:
+        NotRegularFileError: *path* is not a regular file (its message says
+            what it is); any other :class:`OSError` of the open or read.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags)
+    with open(fd, "rb") as f:  # noqa: PTH123
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            msg = f"{_kind(mode)}, not a regular file"
+            raise NotRegularFileError(msg)
+        return f.read()
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "no file")
 
 
 def valid_recheck(seconds: float) -> float:

@@ -7,8 +7,12 @@ argument validation, key evaluation and the after-fork error report.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
+import pickle
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from poolkeeper._fingerprint import fingerprint
@@ -65,50 +69,141 @@ class Identity(Generic[T]):
         return self
 
     def __reduce_ex__(self, protocol: object) -> str:
-        """Pickle by reference: each process unpickles its own singleton."""
-        return self._self_name
+        """Pickle by reference: each process unpickles its own singleton.
 
-    @contextlib.contextmanager
-    def override(self, obj: T) -> Generator[T, None, None]:
+        The reference is the name the singleton is reachable under in its
+        factory's module: the factory's own name when decorated with ``@``,
+        else the module attribute holding it (``api =
+        process_singleton(_make_api)``).
+
+        Raises:
+            pickle.PicklingError: If no module attribute holds it.
+        """
+        return reachable_name(self, self._self_name)
+
+    def override(self, obj: T) -> contextlib.AbstractContextManager[T]:
         """Make every call return *obj* inside a ``with`` block; for tests.
 
         poolkeeper never closes *obj*. The live client, if any, is left
         alone and served again after the block. Overrides nest, and each
         block removes its own override (by identity), even when blocks end
         out of order. For an async singleton, every ``await single()`` on
-        every loop returns *obj*.
+        every loop returns *obj*. Called without ``with`` it overrides
+        nothing, and says so with a :class:`RuntimeWarning` (pointing at
+        the call) when the unentered override is collected.
 
         Args:
             obj: What calls return inside the block.
 
-        Yields:
-            *obj*.
+        Returns:
+            A context manager whose ``with`` block returns *obj*.
         """
-        token = object()
-        life = self._self_life
-        # Pushed inside the try: a push cut short after it committed (a
-        # KeyboardInterrupt while it arms the hit path) is still popped.
-        # Two layers: a pop cut short, or an exception at the inner
-        # finally's first line, is finished by the outer one (popping is
-        # idempotent).
+        block = _Override(_overriding, (self._self_life, obj), {})
+        caller = sys._getframe(1)
+        block.site = (
+            self._self_name,
+            caller.f_code.co_filename,
+            caller.f_lineno,
+        )
+        return block
+
+
+def _overriding(life: Lifecycle[Any], obj: T) -> Generator[T, None, None]:
+    token = object()
+    # Pushed inside the try: a push cut short after it committed (a
+    # KeyboardInterrupt while it arms the hit path) is still popped.
+    # Two layers: a pop cut short, or an exception at the inner
+    # finally's first line, is finished by the outer one (popping is
+    # idempotent).
+    try:
         try:
-            try:
-                life.push_override(token, obj)
-                yield obj
-            finally:
-                life.pop_override(token)
+            life.push_override(token, obj)
+            yield obj
         finally:
-            if life.holds_override(token):
-                life.pop_override(token)
+            life.pop_override(token)
+    finally:
+        if life.holds_override(token):
+            life.pop_override(token)
+
+
+class _Override(contextlib._GeneratorContextManager[T]):
+    """An override block that warns if it is collected never entered.
+
+    Its ``__enter__`` and ``__exit__`` are contextlib's own: only the
+    generator's lines run between the push and the pop, whose layers an
+    exception at any line cannot defeat.
+    """
+
+    site: tuple[str, str, int] = ("?", "?", 0)
+    # Used as a decorator: each call enters a fresh copy, never this one.
+    decorated = False
+
+    def _recreate_cm(self) -> _Override[T]:
+        self.decorated = True
+        fresh = _Override(self.func, self.args, self.kwds)
+        fresh.site = self.site
+        return fresh
+
+    def __del__(self) -> None:
+        gen = getattr(self, "gen", None)
+        if gen is None or self.decorated:
+            return
+        if inspect.getgeneratorstate(gen) != inspect.GEN_CREATED:
+            return
+        name, filename, lineno = self.site
+        warnings.warn_explicit(
+            f"{name}.override(...) was never entered, so it overrode "
+            f"nothing: use it as a block, `with {name}.override(obj):`.",
+            RuntimeWarning,
+            filename,
+            lineno,
+        )
+
+
+def reachable_name(single: object, name: str) -> str:
+    """Return the name of *single* in its module, for pickling by reference.
+
+    *name* (the factory's qualified name) is tried first, then every
+    attribute of the module; a singleton nothing names cannot be unpickled
+    in another process, so it fails here with what to do.
+    """
+    module_name = getattr(single, "__module__", None)
+    module = sys.modules.get(module_name) if module_name else None
+    if module is not None:
+        found: object = module
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is single:
+            return name
+        for attr, value in list(vars(module).items()):
+            if value is single:
+                return attr
+    msg = (
+        f"Cannot pickle the singleton of {name}: no attribute of its module "
+        f"{module_name!r} holds it, so another process could not find it. "
+        f"Assign it to a module-level name (api = process_singleton({name})) "
+        "or decorate the factory with @process_singleton."
+    )
+    raise pickle.PicklingError(msg)
 
 
 def no_arguments(name: str, args: tuple[object, ...], kwargs: object) -> str:
     """Return the error message for a singleton called with arguments."""
     given = len(args) + len(kwargs)  # type: ignore[arg-type]
-    return (
+    message = (
         f"{name}() takes no arguments ({given} given); a singleton is "
         "called with none: read the configuration inside its factory."
     )
+    if len(args) == 1 and not kwargs and callable(args[0]):
+        # Applied as a decorator: @process_singleton(some_key) made the key
+        # the factory, and this singleton is applied to the real factory.
+        message += (
+            f" If it decorates a function, @process_singleton({name}) made "
+            f"{name} the factory: the options of process_singleton are "
+            f"keyword-only, write @process_singleton(key={name}) (or "
+            "close=..., after_fork=...)."
+        )
+    return message
 
 
 def too_many_rounds(name: str, what: str) -> PoolkeeperError:
@@ -174,13 +269,22 @@ def key_fingerprint(has_key: bool, value: object) -> str | None:  # noqa: FBT001
 
 
 def report_fork_errors(name: str, errors: list[BaseException]) -> None:
-    """Log, once, the after_fork failures the at-fork hook kept quiet.
+    """Log, once, the after_fork failures (and warnings) kept quiet.
 
     Empties *errors*: the hook runs in a forked child where logging could
     deadlock, so the first call in the child reports them instead.
     """
     while errors:
         exc = errors.pop(0)
+        if isinstance(exc, Warning):  # Said by the hook, not raised.
+            log.warning(
+                "%s (the after_fork hook of %s, in process %d)",
+                exc,
+                name,
+                os.getpid(),
+                extra={"poolkeeper_factory": name},
+            )
+            continue
         log.warning(
             "The after_fork hook of %s failed in process %d.",
             name,

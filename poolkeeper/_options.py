@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, cast
 
+from poolkeeper._filekeys import FileKey
 from poolkeeper.keys import EnvKey, KeyTuple
 
 if TYPE_CHECKING:
@@ -45,8 +46,25 @@ def validate_options(
         raise ValueError(msg)
 
 
+def validate_positional(factory: object) -> None:
+    """Refuse a key passed where the factory goes: options are keywords."""
+    parts = cast(
+        "tuple[object, ...]",
+        factory if isinstance(factory, tuple) else (factory,),
+    )
+    if parts and all(
+        isinstance(p, (EnvKey, FileKey, KeyTuple)) for p in parts
+    ):
+        msg = (
+            f"process_singleton() got the key {factory!r} as its factory: "
+            "its options are keyword-only, write "
+            f"@process_singleton(key={factory!r})."
+        )
+        raise TypeError(msg)
+
+
 def validate_key(key: object) -> Callable[[], object] | None:
-    """Validate *key*; return it as one function (tuples combined) or None."""
+    """Validate *key*; return it as one function (a tuple combined) or None."""
     if key is None:
         return None
     parts = cast(

@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _environ, _filekeys, _waits
+from poolkeeper import _adapters, _environ, _filekeys, _waits
 from poolkeeper._close import arun_each, run_each
 from poolkeeper._close_anywhere import (
     aclose_anywhere,
@@ -30,6 +30,7 @@ from poolkeeper._close_anywhere import (
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import ClientState
 from poolkeeper._records import is_owned, under
+from poolkeeper.exceptions import PoolkeeperWarning
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -71,6 +72,9 @@ _NO_WAIT = (False,)
 # Clients a forked child inherited: kept referenced so that no finalizer
 # ever runs on them in the child, because their sockets are the parent's.
 abandoned: list[object] = []
+# While the at-fork hook runs an after_fork hook: what release_sockets has
+# to say, logged by the singleton's first call in the child instead.
+fork_notes: list[str] | None = None
 
 
 def register(owner: object, entry: Entry) -> None:
@@ -265,14 +269,39 @@ def _after_fork_in_child() -> None:
             _abandon(entry, record)
 
 
+def kept_clients() -> list[object]:
+    """Return the clients of the ``fork="keep"`` singletons; no lock taken.
+
+    Each container is copied in one C call before it is read, so another
+    thread changing it makes no difference here.
+    """
+    return [
+        record.client
+        for entry in list(_entries)
+        if entry.keep
+        for slot in list(entry.life.slots.values())
+        for record in (slot.live, *slot.retired)
+        if record is not None
+    ]
+
+
 def _abandon(entry: Entry, record: Record[Any]) -> None:
+    global fork_notes  # noqa: PLW0603 -- read by release_sockets().
     abandoned.append(record.client)
-    if entry.after_fork is None or record.state is not ClientState.ABANDONED:
+    hook = entry.after_fork
+    if hook is None:  # An adapter's, learnt at the build (a dict read).
+        hook = _adapters.inherited(record.client)
+    if hook is None or record.state is not ClientState.ABANDONED:
         return
+    notes: list[str] = []
+    fork_notes = notes
     try:
-        entry.after_fork(record.client)
+        hook(record.client)
     except BaseException as exc:  # noqa: BLE001 -- logged on first use.
         entry.life.fork_errors.append(exc)
+    finally:
+        fork_notes = None
+        entry.life.fork_errors.extend(map(PoolkeeperWarning, notes))
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 import wrapt
 
 from poolkeeper._close import Closer, run_each
-from poolkeeper._drive import NOTHING, BuildRun, log_built
+from poolkeeper._drive import NOTHING, BuildRun, log_built, refuse_coroutine
 from poolkeeper._identity import Identity, no_arguments, report_fork_errors
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import Build, Lifecycle, Serve, constant
@@ -145,6 +145,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
                 # The factory runs and its client is stored in one lookup:
                 # no signal lands between the two (see _drive).
                 run.made[None]
+                refuse_coroutine(self._self_name, run.made)
         finally:
             try:
                 run.end()

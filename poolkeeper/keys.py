@@ -128,6 +128,10 @@ def file(
     Not noticed: a rewrite that keeps the modification time, size and
     inode all equal (within the file system's timestamp resolution).
 
+    The key itself raises :class:`OSError` when *path* names something
+    other than a regular file (a named pipe, a device, a directory): it
+    never reads one, so it never blocks on a pipe with no writer.
+
     Args:
         path: The file, or a function returning its path: that
             function is called on every evaluation of the key (on the slow

@@ -175,6 +175,116 @@ class TestBadInput:
         assert before == len(_registry._entries)
 
 
+class TestNewUserMistakes:
+    @pytest.mark.parametrize(
+        "key",
+        [
+            keys.env("PK_TEST_KEY"),
+            keys.file("/nonexistent/api_key"),
+            (keys.env("PK_TEST_KEY"), keys.file("/nonexistent/api_key")),
+        ],
+        ids=["env", "file", "tuple"],
+    )
+    def test_a_key_passed_positionally_says_options_are_keywords(self, key):
+        """@process_singleton(keys.env("K")) fails at once, naming key=."""
+        with pytest.raises(TypeError) as caught:
+            process_singleton(key)  # type: ignore[call-overload]
+        assert (
+            f"process_singleton() got the key {key!r} as its factory: its "
+            "options are keyword-only, write "
+            f"@process_singleton(key={key!r})."
+        ) == str(caught.value)
+
+    def test_a_custom_key_passed_positionally_is_named_when_applied(self):
+        """A zero-argument key became the factory: its error says key=."""
+
+        def api_key() -> str:
+            return "k"
+
+        decorator = process_singleton(api_key)
+        with pytest.raises(TypeError) as caught:
+            decorator(FakeClient)  # type: ignore[call-arg]
+        assert str(caught.value).endswith(
+            "If it decorates a function, @process_singleton("
+            "TestNewUserMistakes.test_a_custom_key_passed_positionally_is_"
+            "named_when_applied.<locals>.api_key) made TestNewUserMistakes."
+            "test_a_custom_key_passed_positionally_is_named_when_applied."
+            "<locals>.api_key the factory: the options of process_singleton "
+            "are keyword-only, write @process_singleton(key=TestNewUserMist"
+            "akes.test_a_custom_key_passed_positionally_is_named_when_applied"
+            ".<locals>.api_key) (or close=..., after_fork=...)."
+        )
+
+    def test_a_sync_factory_returning_a_coroutine_fails_and_caches_nothing(
+        self,
+    ):
+        """The first call says the factory is async; nothing is kept."""
+        made: list[object] = []
+
+        async def connect() -> FakeClient:
+            return FakeClient()
+
+        def factory():
+            made.append(connect())
+            return made[-1]
+
+        single = process_singleton(factory)
+        expected = (
+            f"The factory {factory.__qualname__} returned a coroutine: it is "
+            "async, so a synchronous singleton cannot build with it. Make "
+            "it an `async def` function (a lambda or functools.partial "
+            "hides that it is async), and await the singleton: `client = "
+            f"await {factory.__qualname__}()`."
+        )
+        for attempt in (1, 2):
+            with pytest.raises(TypeError) as caught:
+                single()
+            assert expected == str(caught.value)
+            assert attempt == len(made)
+            assert inspect.getcoroutinestate(made[-1]) == "CORO_CLOSED"
+        stats = single.statistics()
+        assert (0, 2, 0) == (
+            stats.builds,
+            stats.build_failures,
+            stats.generation,
+        )
+        assert single.current() is None
+
+    def test_an_override_never_entered_warns_where_it_was_made(self):
+        """single.override(x) without `with` overrides nothing: a warning."""
+        single = process_singleton(FakeClient)
+        live = single()
+        line = inspect.currentframe().f_lineno + 2
+        with pytest.warns(RuntimeWarning) as caught:
+            single.override("stand-in")  # Dropped at once, never entered.
+        assert live is single()
+        [warning] = caught.list
+        assert __file__ == warning.filename
+        assert line == warning.lineno
+        assert (
+            "FakeClient.override(...) was never entered, so it overrode "
+            "nothing: use it as a block, `with FakeClient.override(obj):`."
+        ) == str(warning.message)
+
+    def test_an_entered_or_decorating_override_does_not_warn(self, recwarn):
+        """Entered once, or used as a decorator and called: no warning."""
+        single = process_singleton(FakeClient)
+        with single.override("stand-in") as obj:
+            assert "stand-in" == single() == obj
+        block = single.override("again")
+        block.__enter__()
+        block.__exit__(None, None, None)
+        del block
+
+        @single.override("decorated")
+        def check():
+            return single()
+
+        assert "decorated" == check()
+        del check
+        assert [] == [str(w.message) for w in recwarn.list]
+
+
 def test_version():
     """The package has a version string."""
     assert isinstance(poolkeeper.__version__, str)

@@ -246,6 +246,37 @@ class TestFileKey:
         assert SECRET not in repr(key)
         assert fingerprint(SECRET.encode()) == value[1]
 
+    def test_a_named_pipe_is_refused_not_waited_on(self, tmp_path):
+        """A FIFO as the key file fails the call at once, building nothing."""
+        path = tmp_path / "api_key"
+        os.mkfifo(path)
+        factory = Factory()
+        single = process_singleton(key=keys.file(path, recheck_seconds=0))(
+            factory
+        )
+        outcome: list[BaseException | None] = []
+
+        def call():
+            try:
+                single()
+            except BaseException as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(WAIT)
+        blocked = caller.is_alive()
+        if blocked:  # Let the blocked open() return: a writer comes, goes.
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            caller.join(WAIT)
+        assert not blocked, "keys.file blocked on a named pipe"
+        [error] = outcome
+        assert isinstance(error, OSError)
+        assert f"keys.file({str(path)!r}) names a named pipe" in str(error)
+        assert 0 == factory.calls
+
     def test_negative_recheck_is_rejected(self, tmp_path):
         """recheck_seconds must not be negative."""
         with pytest.raises(ValueError, match="recheck_seconds"):

@@ -20,12 +20,14 @@ from helpers import (
 
 from poolkeeper import close_all, process_singleton
 
-#: Functions of the close path (poolkeeper/_close.py, and the counter it
-#: reports to): an exception there propagates, by the close path's contract.
+#: Functions of the close path (poolkeeper/_close.py, the adapters' hook
+#: lookup it makes, and the counter it reports to): an exception there
+#: propagates, by the close path's contract.
 CLOSE_PATH = {
     "close",
     "_start",
     "_resolve",
+    "learn",  # _adapters: the adapter's close for the client's type.
     "_done",
     "closed",
     "_extra",

@@ -21,6 +21,7 @@ from poolkeeper._check._findings import (
     ModuleReport,
 )
 from poolkeeper._check._function import (
+    FIXTURE_DECORATORS,
     SINGLETON_DECORATORS,
     Function,
     entry_points,
@@ -177,9 +178,14 @@ class _Analyzer:
             method_of=ctx.cls,
             is_singleton=name in self.wrapped
             or any(last_name(d) in SINGLETON_DECORATORS for d in decorators),
-            is_entry_point=ctx.function.is_module
-            and ctx.cls is None
-            and name in self.entry_points,
+            # A test fixture is run by its framework, once per test or
+            # scope, like an entry point once per process.
+            is_entry_point=(
+                ctx.function.is_module
+                and ctx.cls is None
+                and name in self.entry_points
+            )
+            or any(last_name(d) in FIXTURE_DECORATORS for d in decorators),
         )
         exemptions(body, function, declared_global(body))
         retry = next((d for d in decorators if is_retry(d, ctx.scopes)), None)

@@ -2,7 +2,8 @@
 
 Walk the given paths for ``.py`` files (skipping hidden folders and
 virtualenvs), apply each file's configuration, parse and analyze it, and
-keep its ``# noqa`` comments; a file that cannot be read or parsed is
+keep its ``# noqa`` comments; a file that cannot be read or parsed, and
+anything that is not a regular file (a named pipe called ``*.py``), is
 reported as unchecked (``PK000``).
 """
 
@@ -21,6 +22,7 @@ from poolkeeper._check._ast import analyze_module
 from poolkeeper._check._config import Config, Configs
 from poolkeeper._check._findings import Finding, ModuleReport, client_table
 from poolkeeper._clients import CHECKED_CALLABLES
+from poolkeeper._filekeys import read_regular
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -102,7 +104,8 @@ class Checked:
 
 
 def _check_file(path: Path, clients: dict[tuple[str, str], str]) -> Checked:
-    source = path.read_bytes()
+    # Never path.read_bytes(): a named pipe called *.py would block it.
+    source = read_regular(path)
     # Old or odd code can warn while parsing (invalid escapes): not ours.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

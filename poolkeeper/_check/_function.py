@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from poolkeeper._check._scope import Scopes
 
 __all__ = [
+    "FIXTURE_DECORATORS",
     "SINGLETON_DECORATORS",
     "Function",
     "entry_points",
@@ -34,6 +35,9 @@ SINGLETON_DECORATORS: Final = frozenset(
     {"alru_cache", "cache", "cached", "cached_property", "lru_cache"}
     | {"async_process_singleton", "process_singleton"}
 )
+# Decorators of test fixtures (pytest's, pytest-asyncio's): the framework
+# runs the function once per test or scope and owns what it returns.
+FIXTURE_DECORATORS: Final = frozenset({"fixture"})
 # Packages whose decorators re-run the function on failure.
 _RETRY_PACKAGES: Final = frozenset(
     {"backoff", "retry", "retrying", "stamina", "tenacity", "aioretry"}
@@ -146,8 +150,11 @@ def exemptions(  # noqa: C901 -- one pass, one branch per kind of node.
 
     Closed: a ``with`` item, an argument of ``closing()`` or
     ``enter_context()``, or assigned to a local name that is later closed
-    or used in ``with``. Kept: assigned to a global or to ``self.x``.
+    or used in ``with``. Kept: assigned to a global or to ``self.x``, or
+    to a local name that a later loop of the function uses (built once
+    before the loop, as a thread's ``run()`` does).
     """
+    _reused_by_a_loop(body, function)
     local: dict[int, str] = {}
     closed_names: set[str] = set()
     for node in own_nodes(body):
@@ -174,6 +181,35 @@ def exemptions(  # noqa: C901 -- one pass, one branch per kind of node.
     function.closed.update(
         call for call, name in local.items() if name in closed_names
     )
+
+
+def _reused_by_a_loop(body: Iterable[ast.AST], function: Function) -> None:
+    """Keep the clients assigned to a name that a later loop uses."""
+    statements = list(body)
+    for index, node in enumerate(statements):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or not node.value:
+            continue
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target]
+        )
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        if names and any(
+            names & _used_in_loops(later) for later in statements[index + 1 :]
+        ):
+            function.kept.update(map(id, _values(node.value)))
+
+
+def _used_in_loops(statement: ast.AST) -> set[str]:
+    """Return the names read inside the loops of *statement*."""
+    used: set[str] = set()
+    for node in own_nodes([statement]):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            used.update(
+                n.id
+                for n in own_nodes([node])
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            )
+    return used
 
 
 def _names(node: ast.expr) -> Iterator[str]:

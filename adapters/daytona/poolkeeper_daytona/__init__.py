@@ -1,8 +1,8 @@
 """poolkeeper-daytona: one ``daytona.Daytona`` per process, closed properly.
 
-Names are imported on first use, so ``import poolkeeper_daytona`` (and the
-``poolkeeper-daytona`` command's start, where Ctrl-C must already be
-handled) does not pay for importing the SDK.
+The ``daytona`` SDK is optional (the ``sdk`` extra): every name here
+imports, and every singleton can be made, without it; the SDK is imported
+when the first client is built. Names are imported on first use.
 
 .. versionadded:: 0.1.0
 """
@@ -28,16 +28,26 @@ if TYPE_CHECKING:
         TESTED_SDK_VERSIONS,
         DaytonaInternalsWarning,
     )
+    from poolkeeper_daytona._reuse import ClosedDaytonaUsedWarning
+    from poolkeeper_daytona._sdk import (
+        SUPPORTED_SDK_RANGE,
+        DaytonaVersionWarning,
+    )
+    from poolkeeper_daytona._transport import is_transport_failure
 
 __all__ = [
     "DEFAULT_API_KEY_FILE",
+    "SUPPORTED_SDK_RANGE",
     "TESTED_SDK_VERSIONS",
+    "ClosedDaytonaUsedWarning",
     "DaytonaCredentialsError",
     "DaytonaInternalsWarning",
+    "DaytonaVersionWarning",
     "aclose_daytona",
     "async_daytona_client",
     "close_daytona",
     "daytona_client",
+    "is_transport_failure",
     "make_daytona_singleton",
 ]
 
@@ -45,13 +55,17 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "DEFAULT_API_KEY_FILE": "_client",
+    "SUPPORTED_SDK_RANGE": "_sdk",
     "TESTED_SDK_VERSIONS": "_guard",
+    "ClosedDaytonaUsedWarning": "_reuse",
     "DaytonaCredentialsError": "_client",
     "DaytonaInternalsWarning": "_guard",
+    "DaytonaVersionWarning": "_sdk",
     "aclose_daytona": "_async_client",
     "async_daytona_client": "_async_client",
     "close_daytona": "_close",
     "daytona_client": "_client",
+    "is_transport_failure": "_transport",
     "make_daytona_singleton": "_client",
 }
 

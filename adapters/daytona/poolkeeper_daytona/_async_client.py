@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import daytona
 from poolkeeper import process_singleton
 
 from poolkeeper_daytona._client import _KEY, _build
 from poolkeeper_daytona._guard import unrecognised
+from poolkeeper_daytona._sdk import require_sdk
+
+if TYPE_CHECKING:
+    import daytona
 
 __all__ = ["aclose_daytona", "async_daytona_client"]
 
@@ -63,7 +66,11 @@ async def async_daytona_client() -> daytona.AsyncDaytona:
 
     Raises:
         DaytonaCredentialsError: If no credentials are found.
+        ModuleNotFoundError: If the ``daytona`` package is not installed.
 
     .. versionadded:: 0.1.0
     """
-    return _build(daytona.AsyncDaytona)
+    require_sdk("async_daytona_client")
+    from daytona import AsyncDaytona  # noqa: PLC0415 -- optional SDK.
+
+    return _build(AsyncDaytona)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import daytona
 from poolkeeper import fingerprint, keys, process_singleton
 
 from poolkeeper_daytona._close import _after_fork, close_daytona
+from poolkeeper_daytona._sdk import require_sdk
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
 
+    import daytona
     from poolkeeper import ProcessSingleton
 
     _Client = TypeVar("_Client", daytona.Daytona, daytona.AsyncDaytona)
@@ -155,9 +157,11 @@ def _build(cls: type[_Client]) -> _Client:
     key and no JWT, the API key is read from the key file, and the SDK
     still resolves everything else (URL, target, organization).
     """
+    from daytona import DaytonaConfig  # noqa: PLC0415 -- the SDK is optional.
+
     if _sdk_finds_credentials():
         return cls()
-    config = daytona.DaytonaConfig(api_key=_key_from_file())
+    config = DaytonaConfig(api_key=_key_from_file())
     with warnings.catch_warnings():
         # With a config but no api_url the SDK reads the deprecated
         # config.server_url, which warns although nobody set it. The
@@ -195,22 +199,37 @@ def daytona_client() -> daytona.Daytona:
 
     A forked child builds its own and leaves the parent's untouched.
 
+    The ``daytona`` SDK is imported at the first build, not when this
+    module is: a project without it imports and decorates freely.
+
     Raises:
         DaytonaCredentialsError: If the SDK finds no credentials and the
             key file is missing or empty.
+        ModuleNotFoundError: If the ``daytona`` package is not installed
+            (``pip install 'poolkeeper-daytona[sdk]'``).
 
     .. versionadded:: 0.1.0
     """
-    return _build(daytona.Daytona)
+    require_sdk("daytona_client")
+    from daytona import Daytona  # noqa: PLC0415 -- the SDK is optional.
+
+    return _build(Daytona)
 
 
-def _config_key(config: daytona.DaytonaConfig) -> Hashable:
+def _config_key(config: daytona.DaytonaConfig | Mapping[str, Any]) -> Hashable:
     """Return what identifies *config*: its field values, or a fingerprint.
 
     Reading the fields is cheap; the dump and fingerprint are only for a
     config holding an unhashable value. The values are kept sealed by
     poolkeeper for comparison and shown only as fingerprints.
     """
+    if isinstance(config, Mapping):
+        fields = tuple(sorted(config.items()))
+        try:
+            hash(fields)
+        except TypeError:
+            return fingerprint(repr(fields))
+        return (dict, fields)
     values = (
         type(config),
         tuple(config.__dict__.items()),
@@ -224,7 +243,7 @@ def _config_key(config: daytona.DaytonaConfig) -> Hashable:
 
 
 def make_daytona_singleton(
-    config_factory: Callable[[], daytona.DaytonaConfig],
+    config_factory: Callable[[], daytona.DaytonaConfig | Mapping[str, Any]],
     **options: Any,  # noqa: ANN401 - forwarded to process_singleton.
 ) -> ProcessSingleton[daytona.Daytona]:
     """Make a process-wide ``daytona.Daytona`` built from your own config.
@@ -242,8 +261,16 @@ def make_daytona_singleton(
     for variables, within 5 seconds for files). So keep *config_factory*
     cheap, e.g. return a config built once and replaced when it changes.
 
+    Nothing here needs the SDK until the first build: the singleton can
+    be made at module level in a project where ``daytona`` is absent.
+    *config_factory* may return the ``DaytonaConfig``'s fields as a
+    mapping (``{"api_key": ..., "api_url": ...}``), so that the module
+    making the singleton never imports the SDK; the config is then built
+    from them at each build.
+
     Args:
-        config_factory: Returns the ``DaytonaConfig`` to build with.
+        config_factory: Returns the ``DaytonaConfig`` to build with, or
+            a mapping of its keyword arguments.
         **options: Passed to :func:`poolkeeper.process_singleton`; ``key``,
             ``close`` and ``after_fork`` replace this function's defaults.
 
@@ -257,11 +284,16 @@ def make_daytona_singleton(
         return _config_key(config_factory())
 
     def build() -> daytona.Daytona:
-        return daytona.Daytona(config_factory())
+        require_sdk(name)
+        from daytona import Daytona, DaytonaConfig  # noqa: PLC0415
 
-    build.__qualname__ = build.__name__ = getattr(
-        config_factory, "__qualname__", "daytona_singleton"
-    )
+        config = config_factory()
+        if isinstance(config, Mapping):
+            config = DaytonaConfig(**config)
+        return Daytona(config)
+
+    name = getattr(config_factory, "__qualname__", "daytona_singleton")
+    build.__qualname__ = build.__name__ = name
     options.setdefault("key", (config_key, *_KEY))
     options.setdefault("close", close_daytona)
     options.setdefault("after_fork", _after_fork)

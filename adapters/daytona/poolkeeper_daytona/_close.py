@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import sys
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from poolkeeper_daytona._guard import unrecognised
+from poolkeeper import release_sockets
+
+from poolkeeper_daytona._guard import is_sdk_object, unrecognised
+from poolkeeper_daytona._reuse import guard_reuse
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+
+    # Reports a missing internal: the guard for a real client, else DEBUG.
+    Report = Callable[[str], None]
 
 __all__ = ["close_daytona"]
 
@@ -32,10 +37,6 @@ _POOL_OWNERS: Final = ("_api_client", "_toolbox_api_client")
 
 _closed_lock = threading.Lock()
 _closed: weakref.WeakSet[Any] = weakref.WeakSet()
-# Clients inherited across fork(): kept alive on purpose, so that no
-# finalizer ever runs in the child (urllib3's pool finalizer takes a queue
-# lock that a parent thread may have held at fork time).
-_inherited: list[object] = []
 
 
 def _registry(module: str, name: str) -> list[Any]:
@@ -70,8 +71,11 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
 
     Idempotent and never raises: a failing step is logged at WARNING on the
     ``poolkeeper.daytona`` logger and the next step still runs. A missing
-    internal is reported once per process as a
-    :class:`DaytonaInternalsWarning`. The client must not be used afterwards.
+    internal of a real SDK client is reported once per process as a
+    :class:`DaytonaInternalsWarning`; on anything else (a test double) it
+    is logged at DEBUG only, and the once-per-process warning is kept for
+    a real client. The client must not be used afterwards: its first use
+    issues a :class:`~poolkeeper_daytona.ClosedDaytonaUsedWarning`.
 
     Args:
         client: A ``daytona.Daytona`` (anything else is released on a
@@ -83,7 +87,8 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
     """
     try:
         if _mark_closed(client):
-            _release(client, time.monotonic() + timeout)
+            report = unrecognised if is_sdk_object(client) else _not_sdk
+            _release(client, time.monotonic() + timeout, report)
     except Exception:  # noqa: BLE001 - close_daytona never raises.
         _log.warning(
             "Unexpected failure closing a Daytona client.", exc_info=True
@@ -98,10 +103,12 @@ def _after_fork(client: object) -> None:
     (a parent thread may have held one at fork time). It marks the
     dispatcher and the subscription manager closed, disables reconnection,
     unlinks the Socket.IO clients from the global registries (so a SIGINT
-    handler in the child cannot disconnect the parent's session), and closes
-    the child's *copies* of the pooled and websocket sockets with
-    ``socket.close()``: the parent's descriptors keep the connections open.
-    The client is kept referenced for the child's lifetime.
+    handler in the child cannot disconnect the parent's session), and
+    releases the child's copies of the pooled and websocket sockets with
+    :func:`poolkeeper.release_sockets`: the parent's ``close()`` then ends
+    the connections even while the child lives. poolkeeper keeps the
+    client referenced in the child (its list of abandoned clients), so no
+    finalizer runs on it there.
 
     It runs in the at-fork hook, so it logs and warns nothing; an error
     propagates to poolkeeper, which reports it on the singleton's next use.
@@ -109,22 +116,20 @@ def _after_fork(client: object) -> None:
     Args:
         client: The inherited ``daytona.Daytona``.
     """
-    _inherited.append(client)
     dispatcher = getattr(client, "_event_dispatcher", None)
     if dispatcher is not None:
         dispatcher._closed = True
         for sio in _socketio_clients_of(dispatcher):
             sio.reconnection = False
-            eio = getattr(sio, "eio", None)
             _unlink(_reconnecting_clients(), sio)
-            _unlink(_connected_clients(), eio)
-            _close_copy(getattr(getattr(eio, "ws", None), "sock", None))
+            _unlink(_connected_clients(), getattr(sio, "eio", None))
+            # An orphaned client (found in the registries) is not reachable
+            # from the Daytona client: its websocket is released here.
+            release_sockets(sio)
     manager = getattr(client, "_subscription_manager", None)
     if manager is not None:
         manager._closed = True
-    for owner in _POOL_OWNERS:
-        for sock in _pooled_sockets(getattr(client, owner, None)):
-            _close_copy(sock)
+    release_sockets(client)
 
 
 def _mark_closed(client: object) -> bool:
@@ -149,10 +154,16 @@ def _step(what: str) -> Iterator[None]:
         )
 
 
-def _attr(obj: object, name: str, label: str) -> Any:  # noqa: ANN401
+def _not_sdk(what: str) -> None:
+    # A test double lacks internals by design: no DaytonaInternalsWarning,
+    # and the once-per-process warning stays for a real client.
+    _log.debug("Closing a non-SDK object: it has no %s.", what)
+
+
+def _attr(obj: object, name: str, label: str, report: Report) -> Any:  # noqa: ANN401
     value = getattr(obj, name, _MISSING)
     if value is _MISSING:
-        unrecognised(label)
+        report(label)
         return None
     return value
 
@@ -165,29 +176,37 @@ def _join(thread: object, deadline: float) -> None:
     thread.join(max(_MIN_WAIT, deadline - time.monotonic()))
 
 
-def _release(client: object, deadline: float) -> None:
+def _release(client: object, deadline: float, report: Report) -> None:
     manager = _attr(
-        client, "_subscription_manager", "Daytona._subscription_manager"
+        client,
+        "_subscription_manager",
+        "Daytona._subscription_manager",
+        report,
     )
     if manager is not None:
-        _shutdown_subscriptions(manager, deadline)
+        _shutdown_subscriptions(manager, deadline, report)
     dispatcher = _attr(
-        client, "_event_dispatcher", "Daytona._event_dispatcher"
+        client, "_event_dispatcher", "Daytona._event_dispatcher", report
     )
     if dispatcher is not None:
-        _close_dispatcher(dispatcher, deadline)
+        _close_dispatcher(dispatcher, deadline, report)
+    managers: list[object] = []
     for owner in _POOL_OWNERS:
-        api = _attr(client, owner, f"Daytona.{owner}")
+        api = _attr(client, owner, f"Daytona.{owner}", report)
         pools = getattr(
             getattr(api, "rest_client", None), "pool_manager", None
         )
+        if pools is not None:
+            managers.append(pools)
         clear = getattr(pools, "clear", None)
         if api is not None and not callable(clear):
-            unrecognised(f"Daytona.{owner}.rest_client.pool_manager")
+            report(f"Daytona.{owner}.rest_client.pool_manager")
         elif callable(clear):
             with _step(f"{owner} pool clear"):
                 clear()
-    http = _attr(client, "_http_client", "Daytona._http_client")
+    if report is unrecognised:  # A real client: its reuse warns.
+        guard_reuse(managers)
+    http = _attr(client, "_http_client", "Daytona._http_client", report)
     close = getattr(http, "close", None)
     if callable(close):
         with _step("httpx client close"):
@@ -201,21 +220,25 @@ def _release(client: object, deadline: float) -> None:
             shutdown()
 
 
-def _shutdown_subscriptions(manager: object, deadline: float) -> None:
+def _shutdown_subscriptions(
+    manager: object, deadline: float, report: Report
+) -> None:
     # Before the dispatcher: unsubscribing on a closed dispatcher would start
     # a fresh 30 s idle timer that nothing cancels.
     shutdown = getattr(manager, "shutdown", None)
     if not callable(shutdown):
-        unrecognised("Daytona._subscription_manager.shutdown")
+        report("Daytona._subscription_manager.shutdown")
         return
     with _step("subscription manager shutdown"):
         shutdown()
     _join(getattr(manager, "_worker", None), deadline)
 
 
-def _close_dispatcher(dispatcher: object, deadline: float) -> None:
+def _close_dispatcher(
+    dispatcher: object, deadline: float, report: Report
+) -> None:
     if not hasattr(dispatcher, "_closed"):
-        unrecognised("SyncEventDispatcher._closed")
+        report("SyncEventDispatcher._closed")
     lock = getattr(dispatcher, "_lock", None)
     acquire = getattr(lock, "acquire", None)
     held = bool(acquire(timeout=_LOCK_WAIT)) if callable(acquire) else False
@@ -237,7 +260,7 @@ def _close_dispatcher(dispatcher: object, deadline: float) -> None:
         with _step("event dispatcher disconnect"):
             disconnect()
     else:
-        unrecognised("SyncEventDispatcher.disconnect")
+        report("SyncEventDispatcher.disconnect")
     # Rescan: the dispatcher's disconnect may have dropped a client from
     # its own attributes while a reconnect loop still holds it.
     for sio in {
@@ -308,21 +331,3 @@ def _stop_socketio(sio: Any, deadline: float) -> None:  # noqa: ANN401
 def _unlink(registry: list[Any], item: object) -> None:
     with contextlib.suppress(ValueError):
         registry.remove(item)
-
-
-def _pooled_sockets(api: object) -> Iterator[object]:
-    """The idle pooled sockets of an API client, read without locks."""
-    pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
-    container = getattr(getattr(pools, "pools", None), "_container", None)
-    for pool in list(getattr(container, "values", list)()):
-        for conn in list(getattr(getattr(pool, "pool", None), "queue", ())):
-            yield getattr(conn, "sock", None)
-
-
-def _close_copy(sock: object) -> None:
-    # socket.close(), never os.close(): the object forgets its descriptor,
-    # so no later finalizer closes a reused number. Closing one of several
-    # descriptors of a connection sends nothing (no FIN, no TLS alert).
-    if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):
-            sock.close()

@@ -12,6 +12,7 @@ from poolkeeper import PoolkeeperWarning
 __all__ = [
     "TESTED_SDK_VERSIONS",
     "DaytonaInternalsWarning",
+    "is_sdk_object",
     "sdk_version",
     "unrecognised",
 ]
@@ -46,6 +47,19 @@ def sdk_version() -> str:
         return importlib.metadata.version("daytona")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def is_sdk_object(obj: object) -> bool:
+    """Whether *obj* is an instance of a class the ``daytona`` SDK defines.
+
+    A test double (a ``SimpleNamespace``, a mock, a fake class) is not:
+    its missing internals say nothing about the installed SDK. Read from
+    the class's module name, so the SDK is never imported here.
+    """
+    return any(
+        getattr(cls, "__module__", "").partition(".")[0] == "daytona"
+        for cls in type(obj).__mro__
+    )
 
 
 def unrecognised(what: str) -> None:

@@ -18,7 +18,7 @@ __all__ = ["daytona_emulator"]
 
 # A user's project, run by test_recipe.py in a subprocess of its own: its
 # conftest hides the SDK, which must never happen in this process.
-collect_ignore = ["recipe_project"]
+collect_ignore = ["recipe_project", "sdk_optional_project"]
 
 # How often the checker looks at the key and dotenv files in the tests.
 RECHECK = 0.05

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING
 
 from poolkeeper_daytona.testing import DaytonaEmulator
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def fd_count() -> int:
@@ -22,3 +28,33 @@ def settle() -> None:
 def wait_for(predicate, timeout: float = 5.0) -> bool:
     """Poll *predicate* for at most *timeout* seconds."""
     return DaytonaEmulator.wait_until(predicate, timeout)
+
+
+def run_pytest(
+    directory: Path, *options: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run pytest on *directory* in a process of its own (bounded)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-W",
+            "error",
+            *options,
+            "--rootdir",
+            str(directory),
+            str(directory),
+        ],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )

@@ -6,12 +6,19 @@ import logging
 import threading
 import time
 import types
+import warnings
 
+import daytona
 import pytest
 from daytona_test_helpers import fd_count, settle, wait_for
 
 from poolkeeper_daytona import DaytonaInternalsWarning, close_daytona
 from poolkeeper_daytona._guard import _reset_for_tests
+
+
+def _hollow_client() -> daytona.Daytona:
+    """A real ``daytona.Daytona`` with none of its internals (never built)."""
+    return object.__new__(daytona.Daytona)
 
 
 def _released(emu, key, baseline) -> bool:
@@ -122,18 +129,36 @@ class TestUnrecognisedInternals:
         assert wait_for(lambda: _released(daytona_emulator, "odd", baseline))
 
     def test_warning_is_issued_once_per_process(self, recwarn):
-        """Two unrecognisable objects produce one warning."""
-        close_daytona(types.SimpleNamespace())
-        close_daytona(types.SimpleNamespace())
+        """Two real clients without their internals produce one warning."""
+        close_daytona(_hollow_client())
+        close_daytona(_hollow_client())
 
         assert 1 == len(recwarn.list)
         assert issubclass(recwarn.list[0].category, DaytonaInternalsWarning)
 
     def test_arbitrary_object_never_raises(self, recwarn):
-        """Closing something that is not a client does not raise."""
+        """Closing something that is not a client neither raises nor warns."""
         close_daytona(object())
 
-        assert 1 == len(recwarn.list)
+        assert [] == recwarn.list
+
+    def test_test_double_does_not_warn(self, recwarn, caplog):
+        """A fake client is released quietly, logged at DEBUG only."""
+        with caplog.at_level(logging.DEBUG, logger="poolkeeper.daytona"):
+            close_daytona(types.SimpleNamespace())
+
+        assert [] == recwarn.list
+        assert any("non-SDK" in r.getMessage() for r in caplog.records)
+
+    def test_test_double_keeps_the_real_warning(self):
+        """After fakes were closed, a real unrecognised client still warns."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            close_daytona(types.SimpleNamespace())
+            close_daytona(types.SimpleNamespace(_http_client=None))
+
+        with pytest.warns(DaytonaInternalsWarning, match="Daytona"):
+            close_daytona(_hollow_client())
 
 
 class TestFailingSteps:

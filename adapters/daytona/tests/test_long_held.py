@@ -11,11 +11,14 @@ client by its id.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import daytona
+import poolkeeper
+import pytest
 from daytona_test_helpers import wait_for
 
-from poolkeeper_daytona import daytona_client
+from poolkeeper_daytona import ClosedDaytonaUsedWarning, daytona_client
 
 _WORKERS = 4
 
@@ -135,4 +138,98 @@ class TestProxyAcrossRotation:
         assert isinstance(client, daytona.Daytona)
         assert wait_for(
             lambda: not daytona_emulator.open_connections("proxy-old")
+        )
+
+
+class _Episode:
+    """The incident's episode shape: the client held in closures for hours.
+
+    A worker thread creates the sandbox, another thread deletes it later,
+    and a reaper thread deletes what a cancelled episode left behind. The
+    episode keeps sandbox ids, never ``Sandbox`` objects: a ``Sandbox``
+    works through the client that created it, while an id is reached
+    through whichever client is live.
+    """
+
+    def __init__(self, client) -> None:
+        self.client = client  # Captured once, used by every closure.
+        self.sandboxes: list[str] = []
+        self.cancelled: list[str] = []
+
+    def create(self) -> None:
+        self.sandboxes.append(self.client.create().id)
+
+    def delete(self) -> None:
+        self.client.delete(self.client.get(self.sandboxes.pop()))
+
+    def reap(self) -> None:
+        while self.cancelled:
+            self.client.delete(self.client.get(self.cancelled.pop()))
+
+
+def _in_thread(target) -> None:
+    errors = _run_workers(lambda _: target(), count=1)
+    assert [] == errors
+
+
+class TestEpisodeShapeWithProxy:
+    """The long-held shape holds daytona_client.proxy(): nothing leaks."""
+
+    def test_no_connection_left_after_rotation_and_close_all(
+        self, sdk_env, daytona_emulator
+    ):
+        """Create, rotate, delete and reap from threads; then close_all()."""
+        sdk_env.setenv("DAYTONA_API_KEY", "shape-old")
+        episode = _Episode(daytona_client.proxy())
+        _in_thread(episode.create)
+        _in_thread(episode.create)
+        episode.cancelled.append(episode.sandboxes.pop())
+
+        sdk_env.setenv("DAYTONA_API_KEY", "shape-new")
+        _in_thread(episode.delete)  # Hours later, from another thread.
+        _in_thread(episode.reap)  # The cancel reaper.
+
+        # The old client was closed at the rotation, and nothing reopened
+        # it: both later deletes went out with the new key.
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("shape-old")
+        )
+        deletes = daytona_emulator.requests("shape-new", method="DELETE")
+        assert 2 == len(deletes)
+        poolkeeper.close_all()
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("shape-new")
+        )
+        assert [] == daytona_emulator.open_connections("shape-old")
+
+    def test_a_raw_client_used_after_its_close_warns_once(
+        self, sdk_env, daytona_emulator
+    ):
+        """The same shape with the client itself: the reuse is reported."""
+        sdk_env.setenv("DAYTONA_API_KEY", "raw-old")
+        episode = _Episode(daytona_client())
+        _in_thread(episode.create)
+        _in_thread(episode.create)
+
+        sdk_env.setenv("DAYTONA_API_KEY", "raw-new")
+        daytona_client()  # Someone else's call retires the old client.
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("raw-old")
+        )
+        with pytest.warns(ClosedDaytonaUsedWarning) as caught:
+            episode.delete()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            episode.delete()  # Said once: no second warning.
+
+        assert 1 == len(caught)
+        assert __file__ == caught[0].filename
+        # What the warning is about: the retired client reopened a pool.
+        assert daytona_emulator.open_connections("raw-old")
+        # Released by hand here: _mark_closed makes close_daytona a no-op
+        # on a client it closed, so its reopened pool is cleared directly.
+        for owner in ("_api_client", "_toolbox_api_client"):
+            getattr(episode.client, owner).rest_client.pool_manager.clear()
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("raw-old")
         )

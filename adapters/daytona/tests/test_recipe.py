@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from daytona_test_helpers import run_pytest
+
+if TYPE_CHECKING:
+    import subprocess
 
 _PROJECT = Path(__file__).parent / "recipe_project"
 
@@ -44,28 +48,7 @@ def test_b_the_client_was_closed_after_the_test():
 
 def _pytest(directory: Path) -> subprocess.CompletedProcess[str]:
     """Run pytest on *directory* in a process of its own."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:randomly",
-            "-W",
-            "error",
-            "--rootdir",
-            str(directory),
-            str(directory),
-        ],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_pytest(directory)
 
 
 class TestFakeSdkRecipe:

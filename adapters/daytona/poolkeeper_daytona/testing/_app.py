@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any
 import socketio
 from aiohttp import web
 
+from poolkeeper_daytona.testing._breaks import (
+    BreakKind,
+    BreakPlan,
+    break_transport,
+)
 from poolkeeper_daytona.testing._records import client_id
 from poolkeeper_daytona.testing._sandboxes import Sandbox, SandboxStore
 
@@ -44,6 +49,11 @@ class FaultSettings:
         slow_rate: Fraction of creates answered *slow_seconds* late; the
             sandbox is created at once, as an API that answers late does.
         slow_seconds: The delay of a slow create's response.
+        eof_rate: Fraction of REST requests whose response is cut by a
+            close without TLS ``close_notify`` (see ``_breaks``).
+        reset_rate: Fraction of REST requests answered by a TCP reset.
+        handshake_eof_rate: Fraction of TLS handshakes dropped as they
+            start (``tls=True`` only).
     """
 
     failure_rate: float = 0.0
@@ -54,6 +64,9 @@ class FaultSettings:
     retry_after: float = 1.0
     slow_rate: float = 0.0
     slow_seconds: float = 0.0
+    eof_rate: float = 0.0
+    reset_rate: float = 0.0
+    handshake_eof_rate: float = 0.0
 
 
 def _error(
@@ -97,6 +110,7 @@ class EmulatorApp:
         self._rng = rng
         self._api_keys = None if api_keys is None else frozenset(api_keys)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.breaks = BreakPlan()
         self.store = SandboxStore(rng, "http://127.0.0.1")
         self.sio = socketio.AsyncServer(
             async_mode="aiohttp",
@@ -142,6 +156,16 @@ class EmulatorApp:
             # so record it now; its client is known at Socket.IO connect.
             self._record(request, 101, client)
             return await handler(request)
+        broken = self._break_for(request.method)
+        transport = request.transport
+        if broken == "reset" and transport is not None:
+            # Read the whole request first: a reset that lands while the
+            # client still sends its body fails the send (urllib3 retries
+            # that, even a POST), not the wait for the answer.
+            await request.read()
+            self._record(request, 0, client, broken)
+            break_transport(transport, broken)
+            return web.Response(status=204)  # Never sent: the peer is gone.
         if not self._authorized(token):
             response: web.StreamResponse = _error(401, "Unauthorized")
         else:
@@ -149,11 +173,37 @@ class EmulatorApp:
                 response = await handler(request)
             except web.HTTPException as exc:
                 response = _error(exc.status, exc.reason)
+        if (
+            broken == "eof"
+            and transport is not None
+            and isinstance(response, web.Response)
+        ):
+            self._record(request, response.status, client, broken)
+            break_transport(transport, broken, response)
+            return response  # aiohttp finds the transport closing.
         self._record(request, response.status, client)
         return response
 
+    def _break_for(self, method: str) -> BreakKind | None:
+        """Return how to break this request: planned first, then rates."""
+        planned = self.breaks.take(method)
+        if planned is not None:
+            return planned
+        faults = self._faults
+        # Draw only for the rates that are on, so that a seed gives the
+        # same faults whether or not the other knobs exist.
+        if faults.eof_rate and self._rng.random() < faults.eof_rate:
+            return "eof"
+        if faults.reset_rate and self._rng.random() < faults.reset_rate:
+            return "reset"
+        return None
+
     def _record(
-        self, request: web.Request, status: int, client: str | None
+        self,
+        request: web.Request,
+        status: int,
+        client: str | None,
+        broken: BreakKind | None = None,
     ) -> None:
         self._ledger.request(
             request.transport,
@@ -162,6 +212,7 @@ class EmulatorApp:
             request.query_string,
             status,
             client,
+            broken=broken,
         )
 
     async def _create(self, request: web.Request) -> web.Response:

@@ -8,7 +8,8 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Final, final
+from pathlib import Path  # noqa: TC003 - Sphinx resolves ca_file's type.
+from typing import TYPE_CHECKING, Any, Final, final
 
 from aiohttp import web
 
@@ -17,6 +18,7 @@ from poolkeeper_daytona.testing._app import (
     EmulatorApp,
     FaultSettings,
 )
+from poolkeeper_daytona.testing._breaks import BREAK_KINDS, BreakKind
 from poolkeeper_daytona.testing._ledger import Ledger
 from poolkeeper_daytona.testing._protocol import (
     TrackingProtocol,
@@ -28,9 +30,16 @@ from poolkeeper_daytona.testing._records import (
     SocketIOSession,
     client_id,
 )
+from poolkeeper_daytona.testing._tls import TLSFiles, make_tls_files
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import (
+        Awaitable,
+        Callable,
+        Collection,
+        Coroutine,
+        Iterator,
+    )
     from types import TracebackType
 
     from typing_extensions import Self
@@ -64,6 +73,10 @@ class DaytonaEmulator:
     client reuses its connections and that a closed client's connections
     are gone. It stops itself after *max_lifetime* seconds.
 
+    With ``tls=True`` it serves HTTPS and WSS with a certificate signed by
+    a certificate authority made for it at start (:attr:`ca_file`); the
+    SDK trusts it once :meth:`trust_env`'s variables are set.
+
     Example::
 
         with DaytonaEmulator(failure_rate=0.3, seed=1) as emu:
@@ -86,6 +99,10 @@ class DaytonaEmulator:
         retry_after: float = 1.0,
         slow_rate: float = 0.0,
         slow_seconds: float = 0.0,
+        tls: bool = False,
+        eof_rate: float = 0.0,
+        reset_rate: float = 0.0,
+        handshake_eof_rate: float = 0.0,
     ) -> None:
         """Configure an emulator; :meth:`start` or ``with`` runs it.
 
@@ -104,6 +121,16 @@ class DaytonaEmulator:
                 *slow_seconds*; the sandbox exists at once, so a client
                 that timed out leaves one behind, as with the real API.
             slow_seconds: The delay of a slow create's response.
+            tls: Serve HTTPS/WSS with a throwaway CA (needs the
+                ``openssl`` command) instead of plain HTTP/WS.
+            eof_rate: Fraction of REST requests (any endpoint) served and
+                then cut mid-response, closed without TLS
+                ``close_notify``: ``ssl.SSLEOFError`` in the client.
+            reset_rate: Fraction of REST requests answered by a TCP reset
+                before they are served.
+            handshake_eof_rate: Fraction of TLS handshakes (REST and
+                Socket.IO connections alike) dropped as they start, with
+                ``tls=True``: ``SSLEOFError`` in the client's handshake.
 
         Raises:
             ValueError: If a rate, delay or lifetime is out of range.
@@ -112,6 +139,9 @@ class DaytonaEmulator:
             "failure_rate": failure_rate,
             "rate_limit_rate": rate_limit_rate,
             "slow_rate": slow_rate,
+            "eof_rate": eof_rate,
+            "reset_rate": reset_rate,
+            "handshake_eof_rate": handshake_eof_rate,
         }
         for name, rate in rates.items():
             if not 0.0 <= rate <= 1.0:
@@ -133,7 +163,17 @@ class DaytonaEmulator:
             retry_after=retry_after,
             slow_rate=slow_rate,
             slow_seconds=slow_seconds,
+            eof_rate=eof_rate,
+            reset_rate=reset_rate,
+            handshake_eof_rate=handshake_eof_rate,
         )
+        self._tls = tls
+        self._tls_files: TLSFiles | None = None
+        self._handshake_lock = threading.Lock()
+        self._handshakes_to_drop = 0
+        self._dropped_handshakes = 0
+        self._server: asyncio.Server | None = None
+        self._serve_again: Callable[[], Awaitable[None]] | None = None
         self._rng = random.Random(seed)  # noqa: S311 - not cryptographic.
         self._api_keys = api_keys
         self._max_lifetime = max_lifetime
@@ -157,6 +197,8 @@ class DaytonaEmulator:
         if self._thread is not None:
             msg = "DaytonaEmulator can only be started once."
             raise RuntimeError(msg)
+        if self._tls:
+            self._tls_files = make_tls_files()
         self._thread = threading.Thread(
             target=self._run, name="daytona-emulator", daemon=True
         )
@@ -180,6 +222,8 @@ class DaytonaEmulator:
             thread.join(_STOP_TIMEOUT)
             if thread.is_alive():
                 _log.warning("Daytona emulator thread did not stop in time.")
+        if self._tls_files is not None and not self.is_running:
+            self._tls_files.remove()
 
     def __enter__(self) -> Self:
         """Start the emulator."""
@@ -210,7 +254,36 @@ class DaytonaEmulator:
     @property
     def api_url(self) -> str:
         """The URL to pass as ``DaytonaConfig(api_url=...)``."""
-        return f"http://127.0.0.1:{self._port}{API_PREFIX}"
+        return f"{self._scheme}://127.0.0.1:{self._port}{API_PREFIX}"
+
+    @property
+    def _scheme(self) -> str:
+        return "https" if self._tls else "http"
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA certificate (PEM) to trust, with ``tls=True`` once started.
+
+        The folder holding it is deleted by :meth:`stop`.
+        """
+        files = self._tls_files
+        return None if files is None else files.ca_file
+
+    def trust_env(self) -> dict[str, str]:
+        """Return the environment variables that make the SDK trust us.
+
+        ``SSL_CERT_FILE`` is read whenever a default SSL context loads its
+        certificates: by urllib3 for every new connection of the sync
+        client, by ``AsyncDaytona`` when it is built, by websocket-client
+        for the sync Socket.IO channel, and by httpx. aiohttp's own default
+        context, which the *async* Socket.IO channel uses, is made when
+        aiohttp is imported: there it counts only if set before that.
+
+        Returns:
+            ``{"SSL_CERT_FILE": <ca_file>}``; empty without TLS.
+        """
+        ca_file = self.ca_file
+        return {} if ca_file is None else {"SSL_CERT_FILE": str(ca_file)}
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -240,27 +313,49 @@ class DaytonaEmulator:
         if handler_factory is None:  # pragma: no cover - setup() sets it.
             msg = "aiohttp runner has no server after setup()"
             raise RuntimeError(msg)
-        server = await asyncio.get_running_loop().create_server(
-            lambda: TrackingProtocol(
-                self._ledger, self.faults, handler_factory
-            ),
-            "127.0.0.1",
-            0,
+        files = self._tls_files
+        context = (
+            None
+            if files is None
+            else files.server_context(self._drop_handshake)
         )
+
+        async def listen(port: int) -> None:
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: TrackingProtocol(
+                    self._ledger, self.faults, handler_factory
+                ),
+                "127.0.0.1",
+                port,
+                ssl=context,
+            )
+
+        await listen(0)
+        server = self._server
+        if server is None:  # pragma: no cover - listen() sets it.
+            msg = "the emulator's server did not start"
+            raise RuntimeError(msg)
         self._port = int(server.sockets[0].getsockname()[1])
-        app.set_origin(f"http://127.0.0.1:{self._port}")
+        self._serve_again = lambda: listen(self._port)
+        app.set_origin(f"{self._scheme}://127.0.0.1:{self._port}")
         self._ready.set()
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._max_lifetime)
         finally:
-            server.close()
+            server = self._server
+            self._server = None
+            if server is not None:
+                server.close()
             await app.shutdown()
             await runner.cleanup()
             for transport in self._ledger.open_transports():
                 abort_transport(transport)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_TIMEOUT)
+            if server is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        server.wait_closed(), _SHUTDOWN_TIMEOUT
+                    )
             # Let connection_lost callbacks of aborted transports run.
             await asyncio.sleep(0)
 
@@ -281,6 +376,142 @@ class DaytonaEmulator:
                 abort_transport(transport)
 
         asyncio.run_coroutine_threadsafe(_drop(), loop).result(_STOP_TIMEOUT)
+
+    def break_requests(
+        self, kind: BreakKind, count: int = 1, *, method: str | None = None
+    ) -> None:
+        """Break the next *count* REST requests (with *method*, if given).
+
+        ``"eof"`` serves each request, then cuts its response half-way and
+        closes the connection without TLS ``close_notify`` (the client
+        reads ``ssl.SSLEOFError`` over TLS); ``"reset"`` answers it with a
+        TCP reset before serving it. Planned breaks are used before
+        the ``eof_rate``/``reset_rate`` of ``faults`` are drawn; Socket.IO
+        traffic is never broken. Note that urllib3 retries idempotent
+        requests (GET, DELETE) after a broken connection by itself.
+
+        Raises:
+            ValueError: If *kind* is unknown or *count* is below 1.
+        """
+        if kind not in BREAK_KINDS or count < 1:
+            msg = (
+                f"break_requests() takes kind 'eof' or 'reset' and a "
+                f"count >= 1, not {kind!r}, {count!r}."
+            )
+            raise ValueError(msg)
+        app = self._app
+        if app is None:
+            msg = "Start the DaytonaEmulator before break_requests()."
+            raise RuntimeError(msg)
+        app.breaks.add(kind, count, method)
+
+    def break_handshakes(self, count: int = 1) -> None:
+        """Drop the next *count* TLS handshakes (``tls=True`` only).
+
+        The emulator closes each of those connections as its handshake
+        starts, sending nothing: the client's handshake fails with
+        ``ssl.SSLEOFError`` ("EOF occurred in violation of protocol"),
+        which urllib3 retries and then reports as ``MaxRetryError`` caused
+        by ``SSLError(SSLEOFError(...))``, the incident's error. Only new
+        connections handshake: :meth:`drop_connections` first makes the
+        SDK open some.
+
+        Raises:
+            ValueError: If *count* is below 1.
+            RuntimeError: Without ``tls=True``.
+        """
+        if count < 1:
+            msg = f"break_handshakes() takes a count >= 1, not {count!r}."
+            raise ValueError(msg)
+        if not self._tls:
+            msg = "break_handshakes() needs DaytonaEmulator(tls=True)."
+            raise RuntimeError(msg)
+        with self._handshake_lock:
+            self._handshakes_to_drop += count
+
+    @property
+    def dropped_handshakes(self) -> int:
+        """How many TLS handshakes the emulator dropped so far."""
+        with self._handshake_lock:
+            return self._dropped_handshakes
+
+    def clear_breaks(self) -> None:
+        """Forget the planned breaks not used yet (requests, handshakes)."""
+        with self._handshake_lock:
+            self._handshakes_to_drop = 0
+        app = self._app
+        if app is not None:
+            app.breaks.clear()
+
+    def _drop_handshake(self) -> bool:
+        rate = self.faults.handshake_eof_rate
+        with self._handshake_lock:
+            drop = self._handshakes_to_drop > 0
+            if drop:
+                self._handshakes_to_drop -= 1
+            else:
+                # Handshakes run on the emulator's loop, as requests do:
+                # the seeded draws stay in one order.
+                drop = bool(rate) and self._rng.random() < rate
+            if drop:
+                self._dropped_handshakes += 1
+            return drop
+
+    def begin_outage(self) -> None:
+        """Stop listening and reset every open connection.
+
+        Until :meth:`end_outage`, new connections are refused by the
+        kernel (``ConnectionRefusedError`` in the client) and the SDK's
+        Socket.IO channel keeps trying to reconnect. Idempotent.
+        """
+        self._on_loop(self._begin_outage())
+
+    def end_outage(self) -> None:
+        """Listen again on the same port; idempotent.
+
+        Raises:
+            OSError: If the port was taken meanwhile (not seen on
+                loopback, where the kernel hands out ephemeral ports in
+                turn).
+        """
+        self._on_loop(self._end_outage())
+
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        """Refuse every connection inside the ``with`` block."""
+        self.begin_outage()
+        try:
+            yield
+        finally:
+            self.end_outage()
+
+    @property
+    def in_outage(self) -> bool:
+        """Whether the emulator is refusing connections."""
+        return self._server is None and self.is_running
+
+    async def _begin_outage(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for transport in self._ledger.open_transports():
+            abort_transport(transport)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_TIMEOUT)
+
+    async def _end_outage(self) -> None:
+        serve_again = self._serve_again
+        if self._server is None and serve_again is not None:
+            await serve_again()
+
+    def _on_loop(self, work: Coroutine[Any, Any, None]) -> None:
+        loop = self._loop
+        if loop is None or not self.is_running:
+            work.close()
+            msg = "The DaytonaEmulator is not running."
+            raise RuntimeError(msg)
+        asyncio.run_coroutine_threadsafe(work, loop).result(_STOP_TIMEOUT)
 
     # -- observations ------------------------------------------------------
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import poolkeeper
 import pytest
 
-from poolkeeper_daytona.testing._emulator import DaytonaEmulator
-
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from poolkeeper_daytona.testing._emulator import DaytonaEmulator
 
 __all__ = ["daytona_emulator", "reset_singletons"]
 
@@ -22,6 +22,9 @@ def daytona_emulator() -> Iterator[DaytonaEmulator]:
     The emulator stops (joining its thread, bounded) when the test ends.
     Tests that need faults build their own: ``with DaytonaEmulator(...)``.
     """
+    # Imported here: reset_singletons works without aiohttp and socketio.
+    from poolkeeper_daytona.testing import DaytonaEmulator  # noqa: PLC0415
+
     with DaytonaEmulator(max_lifetime=300.0) as emulator:
         yield emulator
 

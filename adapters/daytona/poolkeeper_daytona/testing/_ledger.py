@@ -20,6 +20,8 @@ from poolkeeper_daytona.testing._records import (
 if TYPE_CHECKING:
     import asyncio
 
+    from poolkeeper_daytona.testing._breaks import BreakKind
+
 
 @dataclass(slots=True)
 class _Connection:
@@ -76,6 +78,8 @@ class Ledger:
         query: str,
         status: int,
         client: str | None,
+        *,
+        broken: BreakKind | None = None,
     ) -> None:
         """Record one HTTP request and attribute its connection."""
         with self._lock:
@@ -98,6 +102,7 @@ class Ledger:
                     connection=connection_id,
                     client=client,
                     at=time.monotonic(),
+                    broken=broken,
                 )
             )
 

@@ -74,6 +74,10 @@ class RequestRecord:
         connection: :attr:`ConnectionRecord.id` of the carrying connection.
         client: :func:`client_id` of the bearer token, if any.
         at: ``time.monotonic()`` when the request arrived.
+        broken: How the emulator broke its connection (``"eof"``: the
+            response was cut without TLS ``close_notify``; ``"reset"``: a
+            TCP reset before it was served), or ``None``. A reset
+            request's *status* is 0.
     """
 
     method: str
@@ -83,6 +87,7 @@ class RequestRecord:
     connection: int
     client: str | None
     at: float
+    broken: Literal["eof", "reset"] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from poolkeeper_daytona._workload import Point, Sample
+    from poolkeeper_daytona_demo._workload import Point, Sample
 
 __all__ = [
     "FD_TOLERANCE",

@@ -1,4 +1,4 @@
-"""The command line: ``poolkeeper-daytona demo`` (or ``python -m ...``)."""
+"""The command line: ``python -m poolkeeper_daytona_demo demo``."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
-from poolkeeper_daytona._chart import write_png, write_svg
-from poolkeeper_daytona._report import (
+from poolkeeper_daytona_demo._chart import write_png, write_svg
+from poolkeeper_daytona_demo._report import (
     Progress,
     format_notes,
     format_table,
     format_verdict,
 )
-from poolkeeper_daytona._results import FD_TOLERANCE, DemoSettings
+from poolkeeper_daytona_demo._results import FD_TOLERANCE, DemoSettings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -66,7 +66,7 @@ def _rate(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="poolkeeper-daytona",
+        prog="python -m poolkeeper_daytona_demo",
         description="Tools for poolkeeper's Daytona adapter.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,7 +163,7 @@ def _demo(args: argparse.Namespace) -> int:
             # Imported under the handler: loading the SDK takes seconds,
             # and a Ctrl-C meanwhile must stop cleanly too.
             _echo("Loading the Daytona SDK (5 to 12 s on a first run)...")
-            from poolkeeper_daytona._demo import run_demo  # noqa: PLC0415
+            from poolkeeper_daytona_demo._demo import run_demo  # noqa: PLC0415
 
             report = run_demo(settings, stop, progress, sys.stdout)
         except KeyboardInterrupt:
@@ -192,7 +192,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``poolkeeper-daytona`` command.
+    """Run the demo's command line.
 
     Args:
         argv: The arguments, without the program name; default

@@ -1,4 +1,4 @@
-"""The ``poolkeeper-daytona demo`` command: phases, table, chart, Ctrl-C."""
+"""The demo's command line: phases, table, chart, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -14,28 +14,27 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 from daytona_test_helpers import wait_for
-
 from poolkeeper_daytona import daytona_client
-from poolkeeper_daytona._chart import _title
-from poolkeeper_daytona._cli import main
 from poolkeeper_daytona._client import _ENV_VARS
-from poolkeeper_daytona._report import (
+
+from poolkeeper_daytona_demo._chart import _title
+from poolkeeper_daytona_demo._cli import main
+from poolkeeper_daytona_demo._report import (
     format_notes,
     format_table,
     format_verdict,
 )
-from poolkeeper_daytona._results import (
+from poolkeeper_daytona_demo._results import (
     FD_TOLERANCE,
     DemoReport,
     DemoSettings,
     PhaseResult,
 )
-from poolkeeper_daytona._workload import Budget, Point, Sample, Sampler
+from poolkeeper_daytona_demo._workload import Budget, Point, Sample, Sampler
 
 _SMALL = ["--threads", "4", "--attempts", "60", "--seconds", "30"]
 _SVG = "{http://www.w3.org/2000/svg}"
@@ -209,13 +208,16 @@ class TestArguments:
         assert 2 == info.value.code
         assert "must be" in capsys.readouterr().err
 
-    def test_console_script(self):
-        """``poolkeeper-daytona demo --help`` documents every option."""
-        script = Path(sys.executable).parent / "poolkeeper-daytona"
-        if not script.exists():
-            pytest.skip("console script not installed")
+    def test_command_line(self):
+        """``python -m poolkeeper_daytona_demo demo --help``: every option."""
         result = subprocess.run(
-            [str(script), "demo", "--help"],
+            [
+                sys.executable,
+                "-m",
+                "poolkeeper_daytona_demo",
+                "demo",
+                "--help",
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -250,7 +252,7 @@ class TestInterrupt:
             [
                 sys.executable,
                 "-m",
-                "poolkeeper_daytona",
+                "poolkeeper_daytona_demo",
                 "demo",
                 "--threads",
                 "4",

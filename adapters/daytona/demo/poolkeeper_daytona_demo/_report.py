@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Final, TextIO
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from poolkeeper_daytona._results import DemoReport, PhaseResult
-    from poolkeeper_daytona._workload import Sample
+    from poolkeeper_daytona_demo._results import DemoReport, PhaseResult
+    from poolkeeper_daytona_demo._workload import Sample
 
 __all__ = [
     "Progress",

@@ -11,14 +11,14 @@ import math
 from typing import TYPE_CHECKING, Final
 from xml.sax.saxutils import escape, quoteattr
 
-from poolkeeper_daytona._report import capped
+from poolkeeper_daytona_demo._report import capped
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
 
-    from poolkeeper_daytona._results import DemoReport, PhaseResult
-    from poolkeeper_daytona._workload import Sample
+    from poolkeeper_daytona_demo._results import DemoReport, PhaseResult
+    from poolkeeper_daytona_demo._workload import Sample
 
 __all__ = ["write_png", "write_svg"]
 

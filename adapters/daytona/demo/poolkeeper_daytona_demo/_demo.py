@@ -17,16 +17,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final, TextIO
 
 import daytona
+from poolkeeper_daytona import close_daytona, daytona_client
+from poolkeeper_daytona.testing import DaytonaEmulator
 
-from poolkeeper_daytona._client import daytona_client
-from poolkeeper_daytona._close import close_daytona
-from poolkeeper_daytona._results import (
+from poolkeeper_daytona_demo._results import (
     FD_TOLERANCE,
     Cleanup,
     DemoReport,
     PhaseResult,
 )
-from poolkeeper_daytona._workload import (
+from poolkeeper_daytona_demo._workload import (
     CREATE_TIMEOUT,
     Budget,
     Point,
@@ -34,13 +34,12 @@ from poolkeeper_daytona._workload import (
     measure,
     run_round,
 )
-from poolkeeper_daytona.testing import DaytonaEmulator
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from poolkeeper_daytona._report import Progress
-    from poolkeeper_daytona._results import DemoSettings
+    from poolkeeper_daytona_demo._report import Progress
+    from poolkeeper_daytona_demo._results import DemoSettings
 
 __all__ = ["run_demo"]
 
