@@ -149,10 +149,11 @@ class Lease(Generic[T]):
             raise ReferenceError(msg)
         life, slot = self._life, self._slot
         for _ in range(MAX_ROUNDS):
-            overrides = life.overrides
-            if overrides:
+            # Overrides win; the helper is called only when there is one
+            # (this is every lease's path without the GIL).
+            if life.overrides and (won := life.override()):
                 self.pin = DONE
-                return cast("T", overrides[-1][1])
+                return cast("T", won[0])
             client = single()
             if under(life.lock, life.pin, slot, client, self):
                 return client

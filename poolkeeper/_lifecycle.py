@@ -60,6 +60,7 @@ from typing import (
     Generic,
     ParamSpec,
     TypeVar,
+    cast,
 )
 
 from poolkeeper._records import (
@@ -830,6 +831,18 @@ class Lifecycle(Generic[T]):
         """
         self._disarm()
         self.overrides = tuple(o for o in self.overrides if o[0] is not token)
+
+    def override(self) -> tuple[()] | tuple[T]:
+        """Overrides win: the newest override's object in a 1-tuple, or ().
+
+        Lock-free: ``overrides`` is replaced in one store, so one read of it
+        is a stack that was pushed. Every path that serves a client asks
+        this first (``if won := life.override(): return won[0]``); the paths
+        every call takes guard it with ``life.overrides and``, so that no
+        frame is added while nothing is overridden.
+        """
+        overrides = self.overrides
+        return (cast("T", overrides[-1][1]),) if overrides else ()
 
     def holds_override(self, token: object) -> bool:
         """Whether the override named *token* is still pushed."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 import wrapt
 
@@ -78,17 +78,15 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
         """
         if args or kwargs:
             raise TypeError(no_arguments(self._self_name, args, kwargs))
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        if won := self._self_life.override():
+            return won[0]
         return self._acquire(NOTHING).client
 
     def _miss(self, value: object) -> T:
         # A polled hit path's miss, with the key value it read: the key is
         # evaluated once per call.
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        if won := self._self_life.override():
+            return won[0]
         return self._acquire(value).client
 
     # -- calls --------------------------------------------------------------
