@@ -778,6 +778,27 @@ class Lifecycle(Generic[T]):
         """Whether *record*'s close is owed: decided, not yet claimed."""
         return any(r is record for r in self.owed)
 
+    def owed_besides(self, doomed: list[Record[Any]]) -> list[Record[Any]]:
+        """The closes owed from before that are not among *doomed* (I5).
+
+        Lock-free: ``owed`` is replaced in one store. A driver closes these
+        with *doomed*: each close claims its record, so none runs twice.
+        """
+        return [r for r in self.owed if all(r is not d for d in doomed)]
+
+    def holders(self) -> list[Record[Any]]:
+        """The records holding a client: each slot's live and retired ones.
+
+        Lock-free: the slots and each slot's retired records are copied in
+        one C call before they are read.
+        """
+        return [
+            record
+            for slot in list(self.slots.values())
+            for record in (slot.live, *slot.retired)
+            if record is not None
+        ]
+
     @locked
     def closed(self, *, ok: bool) -> None:
         """Count a close that ran (*ok*) or failed."""

@@ -87,15 +87,9 @@ def register(owner: object, entry: Entry) -> None:
 
 def _add(entry: Entry) -> None:
     _entries.difference_update(
-        [e for e in _entries if e.orphaned and not _holds(e)]
+        [e for e in _entries if e.orphaned and not e.life.holders()]
     )
     _entries.add(entry)
-
-
-def _holds(entry: Entry) -> bool:
-    return any(
-        s.live is not None or s.retired for s in entry.life.slots.values()
-    )
 
 
 def _orphan(entry: Entry) -> None:
@@ -161,7 +155,7 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
         loosen(entry.life)
         # With the closes owed from before: decided, then cut short before
         # they began (each close claims its record, so none runs twice).
-        out.extend(r for r in entry.life.owed if all(r is not o for o in out))
+        out.extend(entry.life.owed_besides(out))
         doomed.extend((record, entry.closer) for record in out)
     doomed.sort(key=lambda pair: pair[0].sequence, reverse=True)
     return doomed
@@ -279,9 +273,7 @@ def kept_clients() -> list[object]:
         record.client
         for entry in list(_entries)
         if entry.keep
-        for slot in list(entry.life.slots.values())
-        for record in (slot.live, *slot.retired)
-        if record is not None
+        for record in entry.life.holders()
     ]
 
 

@@ -155,9 +155,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before
         # it began): each close claims its record, so none runs twice.
-        owed = [
-            r for r in self._self_life.owed if all(r is not d for d in doomed)
-        ]
+        owed = self._self_life.owed_besides(doomed)
         close = self._self_closer.close
         run_each(
             (
