@@ -786,6 +786,18 @@ class Lifecycle(Generic[T]):
         """
         return [r for r in self.owed if all(r is not d for d in doomed)]
 
+    def holds_on(self, loop: object) -> bool:
+        """Whether *loop*'s slot has a client live or owed a close.
+
+        The async driver keys an event loop's slot by ``id(loop)``; a slot
+        left by a collected loop whose id was reused is not *loop*'s.
+        Lock-free: each attribute is read once.
+        """
+        slot = self.slots.get(id(loop))
+        if slot is None or slot.loop is None or slot.loop() is not loop:
+            return False
+        return slot.live is not None or any(r.slot is slot for r in self.owed)
+
     def holders(self) -> list[Record[Any]]:
         """The records holding a client: each slot's live and retired ones.
 
@@ -832,6 +844,13 @@ class Lifecycle(Generic[T]):
 
     def _next_epoch(self) -> None:
         self.epoch = next(epochs)
+
+    def subscribed(self) -> None:
+        """The key's changes are pushed from now on: the hit path may arm.
+
+        Said once, by the decorator, before the singleton can be called.
+        """
+        self.pushed = True
 
     @locked
     def push_override(self, token: object, obj: object) -> None:

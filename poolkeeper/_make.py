@@ -139,4 +139,4 @@ def _register(
     # Changes of keys.env and keys.file keys (and tuples of them) are
     # pushed, not polled: the hit path stays armed until one changes.
     if key is not None and keys.subscribe(key, entry.life):
-        entry.life.pushed = True
+        entry.life.subscribed()

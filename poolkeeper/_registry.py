@@ -203,7 +203,7 @@ def _refuse_in_loop(entries: list[Entry]) -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    names = sorted({e.life.name for e in entries if _owns(e.life, loop)})
+    names = sorted({e.life.name for e in entries if e.life.holds_on(loop)})
     if names:
         msg = (
             "close_all() was called inside a running event loop whose async "
@@ -213,14 +213,6 @@ def _refuse_in_loop(entries: list[Entry]) -> None:
             "instead."
         )
         raise RuntimeError(msg)
-
-
-def _owns(life: Lifecycle[Any], loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether *life* has a client, live or owed a close, on *loop*."""
-    slot = life.slots.get(id(loop))
-    if slot is None or slot.loop is None or slot.loop() is not loop:
-        return False
-    return slot.live is not None or any(r.slot is slot for r in life.owed)
 
 
 async def aclose_all() -> None:
