@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from poolkeeper._lifecycle import Lifecycle, Record, Slot
-    from poolkeeper._stats import Statistics
+    from poolkeeper._records import Statistics
 
 T = TypeVar("T")
 

@@ -73,13 +73,13 @@ from poolkeeper._records import (
     Record,
     Serve,
     Slot,
+    Statistics,
     Ticket,
     Wait,
     commit,
     is_owned,
     under,
 )
-from poolkeeper._stats import Statistics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator

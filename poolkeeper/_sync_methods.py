@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from poolkeeper._lifecycle import Lifecycle, Record, Slot
-    from poolkeeper._stats import Statistics
+    from poolkeeper._records import Statistics
 
 T = TypeVar("T")
 
