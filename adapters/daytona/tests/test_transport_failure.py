@@ -182,6 +182,16 @@ class TestSyncTransportFailures:
         assert daytona.SandboxState.STARTED == after.state
 
 
+# CPython 3.10's asyncio (the sslproto that 3.11 rewrote) leaves a TLS
+# transport unmarked as closed when the peer cuts the stream under a
+# response, and warns at its collection, after aiohttp and the SDK closed
+# everything they own. A warning about that interpreter, not the adapter.
+_LEGACY_SSLPROTO_WARNING = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function _SSLProtocolTransport.__del__"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+
+
 class TestAsyncTransportFailures:
     """Broken connections under AsyncDaytona are transport failures."""
 
@@ -200,6 +210,7 @@ class TestAsyncTransportFailures:
         assert ConnectionResetError in types
         assert is_transport_failure(exc)
 
+    @_LEGACY_SSLPROTO_WARNING
     def test_response_cut_mid_body(self, tls_emu):
         """EOF without close_notify mid-response: a short payload."""
         tls_emu.break_requests("eof", method="POST")
@@ -211,6 +222,7 @@ class TestAsyncTransportFailures:
         assert aiohttp.ClientPayloadError in types
         assert is_transport_failure(exc)
 
+    @_LEGACY_SSLPROTO_WARNING
     def test_connection_reset(self, tls_emu):
         """A reset before the answer of a create (not retried: a POST)."""
         tls_emu.break_requests("reset", method="POST")
