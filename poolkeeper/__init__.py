@@ -4,10 +4,10 @@ from poolkeeper import keys
 from poolkeeper._async import AsyncProcessSingleton
 from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
+from poolkeeper._records import Statistics
 from poolkeeper._registry import aclose_all, close_all
 from poolkeeper._singleton import ProcessSingleton
 from poolkeeper._sockets import release_sockets
-from poolkeeper._stats import Statistics
 from poolkeeper._watch import unwatch, watch
 from poolkeeper.exceptions import (
     PoolkeeperError,

@@ -86,9 +86,10 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
 
     async def _get(self) -> T:
         life = self._self_life
-        overrides = life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        # Overrides win; the helper is called only when there is one (for a
+        # polled key this is every call's path).
+        if life.overrides and (won := life.override()):
+            return won[0]
         # While another running loop keeps the armed hit path, a pushed
         # key's record that matched the key read at an epoch that still
         # stands, and is still live on this loop, is the answer: no key
@@ -177,7 +178,7 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
                 with waiting(owner, ticket):
                     await aended(ticket)
         except BaseException:
-            if life.abandon(asked[0], asked[1]):
+            if life.settle_unbegun(asked[0], asked[1]):
                 asked[1].set_result(None)
             raise
         raise AssertionError  # pragma: no cover -- rounds() ends the call.

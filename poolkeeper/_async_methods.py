@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from poolkeeper._identity import too_many_rounds
 from poolkeeper._lease import warn_dropped
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from poolkeeper._lifecycle import Lifecycle, Record, Slot
-    from poolkeeper._stats import Statistics
+    from poolkeeper._records import Statistics
 
 T = TypeVar("T")
 
@@ -63,9 +63,8 @@ class AsyncMethods(Generic[T]):
             until the last lease on it exits.
         """
         life = self._self_life
-        overrides = life.overrides
-        if overrides:
-            yield cast("T", overrides[-1][1])
+        if won := life.override():
+            yield won[0]
             return
         # The leased record, set and cleared under the lock by the lines
         # that count the lease (see Lifecycle.lease).
@@ -101,9 +100,8 @@ class AsyncMethods(Generic[T]):
         Returns:
             The client, or ``None`` (also when no loop is running).
         """
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        if won := self._self_life.override():
+            return won[0]
         slot = self._running_slot()
         live = None if slot is None else slot.live
         return None if live is None else live.client

@@ -147,9 +147,11 @@ def _report(
     if isinstance(error, asyncio.CancelledError):
         error = None
         closer.unclosed(
-            record, "its close was cancelled on its event loop", "",
+            record,
+            "its close was cancelled on its event loop",
+            "",
             count=False,
-        )  # fmt: skip
+        )
     if error is not None:
         log.warning(
             "Closing a collected %s singleton's client raised %r; it was "
@@ -212,9 +214,11 @@ def _raise(
         # Cancelled on its own loop (which is ending): counted there,
         # and no cancellation of the caller's.
         closer.unclosed(
-            record, "its close was cancelled on its event loop", "",
+            record,
+            "its close was cancelled on its event loop",
+            "",
             count=False,
-        )  # fmt: skip
+        )
     elif error is not None:
         raise error
 

@@ -1,6 +1,6 @@
 """process_singleton(): its typed signatures, then a sync or async singleton.
 
-The checks of its arguments are in ``_options``.
+The validation of its arguments is in ``_options``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import (
 
 from poolkeeper._make import make, make_async
 from poolkeeper._options import (
-    check_factory,
-    check_key,
-    check_options,
-    check_positional,
+    validate_factory,
+    validate_key,
+    validate_options,
+    validate_positional,
 )
 
 if TYPE_CHECKING:
@@ -203,15 +203,15 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             f"the options are {', '.join(_OPTIONS)}."
         )
         raise TypeError(msg)
-    check_positional(factory)
-    combined_key = check_key(key)
-    check_options(close, after_fork, fork, min_rebuild_interval)
+    validate_positional(factory)
+    combined_key = validate_key(key)
+    validate_options(close, after_fork, fork, min_rebuild_interval)
 
     def decorate(
         factory: Callable[[], Any],
     ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
         # A class of its own for each: its __call__ is the armed hit path.
-        made = make_async if check_factory(factory) else make
+        made = make_async if validate_factory(factory) else make
         return made(
             factory,
             key=combined_key,

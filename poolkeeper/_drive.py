@@ -21,7 +21,7 @@ Whatever is raised, at whatever line (a signal handler's
 settled, its waiters are woken and a built client is made live or closed:
 each step is repeated by the next layer if an exception cut it short, and
 every step is idempotent. An exception before the ``try`` leaves the build
-unbegun; the driver's :meth:`Lifecycle.abandon` settles it.
+unbegun; the driver's :meth:`Lifecycle.settle_unbegun` settles it.
 
 The client goes to ``made`` as the factory returns it, with no Python
 instruction between (a signal handler's exception lands between a call

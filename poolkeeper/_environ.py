@@ -3,12 +3,12 @@
 Reading two variables from ``os.environ`` costs more than the whole hit path
 should, so an environment key is *pushed* instead of polled: the first
 ``keys.env`` singleton swaps the class of ``os.environ`` for a subclass whose
-``__setitem__`` and ``__delitem__`` notify the singletons that watch the
+``__setitem__`` and ``__delitem__`` notify the singletons subscribed to the
 changed name. Everything that changes the mapping goes through those two
 methods (``update``, ``pop``, ``clear``, ``setdefault``, pytest's
 ``monkeypatch``), so all of it is noticed. ``os.environb`` shares its data
 with ``os.environ`` on POSIX, so its class is swapped too and a change
-made through it notifies the watchers of the decoded name.
+made through it notifies the subscribers of the decoded name.
 
 Not noticed, by design: ``os.putenv``/``os.unsetenv`` and C code calling
 ``setenv`` (``os.environ`` does not see them either), edits of the private
@@ -26,27 +26,29 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from poolkeeper._records import is_owned, under
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 
-class _Watcher(Protocol):
+class _Subscriber(Protocol):
     def invalidate(self) -> None: ...
 
 
-# name -> {id(watcher): weak reference}, and name -> those references as a
-# tuple, rebuilt when a watcher comes or goes: a write iterates the tuple
+# name -> {id(subscriber): weak reference}, and name -> those references as a
+# tuple, rebuilt when a subscriber comes or goes: a write iterates the tuple
 # of the name written (nothing else, without a copy or WeakSet's guard).
-# Both change under _lock only. A watcher's weakref callback may run at
+# Both change under _lock only. A subscriber's weakref callback may run at
 # any allocation, on any thread, inside a change (the collector's), so it
 # never changes them itself nor waits for the lock: it queues the dead
 # reference in _dead, which whoever holds the lock next empties.
-_refs: dict[str, dict[int, weakref.ref[_Watcher]]] = {}
-_watchers: dict[str, tuple[weakref.ref[_Watcher], ...]] = {}
-_dead: collections.deque[tuple[str, int, weakref.ref[_Watcher]]] = (
+_refs: dict[str, dict[int, weakref.ref[_Subscriber]]] = {}
+_subscribers: dict[str, tuple[weakref.ref[_Subscriber], ...]] = {}
+_dead: collections.deque[tuple[str, int, weakref.ref[_Subscriber]]] = (
     collections.deque()
 )
-_lock = threading.Lock()
+_lock = threading.RLock()
 # The arguments of a lock's acquire() that never blocks.
 _NO_WAIT = (False,)
 
@@ -55,24 +57,24 @@ _MISSING = object()
 # A name from os.environb (bytes; encodekey accepted it) to its str.
 _decode = cast("Callable[[object], str]", os.fsdecode)
 
-# Counts the stores of watched writes (next() on it is atomic).
+# Counts the stores of subscribed writes (next() on it is atomic).
 _stores = itertools.count()
 
 
 def _changed(name: object) -> None:
     # name passed the store's encodekey: a str, or bytes for os.environb.
     named = name if isinstance(name, str) else _decode(name)
-    for ref in _watchers.get(named, ()):
-        watcher = ref()
-        if watcher is not None:
-            watcher.invalidate()
+    for ref in _subscribers.get(named, ()):
+        subscriber = ref()
+        if subscriber is not None:
+            subscriber.invalidate()
 
 
 def _notify_after(
     key: object, store: Callable[..., object], *args: object
 ) -> None:
     # The two layers of set_and_notify, for a store that is a call: the
-    # watchers of *key* are notified whether or not *store* raised, and
+    # subscribers of *key* are notified whether or not *store* raised, and
     # again if the first notification was cut short.
     notified = False
     try:
@@ -88,19 +90,19 @@ def _notify_after(
 
 def _swap(environ: object) -> bool:
     base = type(environ)
-    if getattr(base, "_poolkeeper_watched", False):
+    if getattr(base, "_poolkeeper_subscribed", False):
         return True
 
     # The notification runs after the store returns: once the assignment
-    # (or del) has returned, every watcher is disarmed and outdated. A
+    # (or del) has returned, every subscriber is disarmed and outdated. A
     # write of the value already there changes nothing and notifies no one.
     # The store is os._Environ.__setitem__'s own four steps, inline (its
     # class is checked below), so the value is encoded once.
     #
     # An exception after the store (a signal's, which CPython raises after
-    # any call) must not leave the watchers armed with the old value's
+    # any call) must not leave the subscribers armed with the old value's
     # client: the notification is a finally of the store, and a second
-    # layer notifies every watcher again if the first was cut short (as a
+    # layer notifies every subscriber again if the first was cut short (as a
     # lease's exit does). A write that raised before its store may notify:
     # harmless, the next call reads the key and keeps its client. On the
     # normal path the layers cost a flag (try blocks are free).
@@ -121,12 +123,12 @@ def _swap(environ: object) -> bool:
                 # meanwhile: notify then too, even if this store left the
                 # value as it was.
                 if before != encoded or next(_stores) != mark + 1:
-                    # The watchers of this name only, no frame for _changed.
+                    # The subscribers of this name only, no frame for _changed.
                     named = key if isinstance(key, str) else _decode(key)
-                    for ref in _watchers.get(named, ()):
-                        watcher = ref()
-                        if watcher is not None:
-                            watcher.invalidate()
+                    for ref in _subscribers.get(named, ()):
+                        subscriber = ref()
+                        if subscriber is not None:
+                            subscriber.invalidate()
                 notified = True
         finally:
             if not notified:
@@ -145,7 +147,7 @@ def _swap(environ: object) -> bool:
         hasattr(environ, name)
         for name in ("_data", "encodekey", "encodevalue")
     )
-    watched = type(
+    subscribed = type(
         base.__name__,
         (base,),
         {
@@ -153,11 +155,11 @@ def _swap(environ: object) -> bool:
             "__delitem__": del_and_notify,
             "__module__": base.__module__,
             "__qualname__": base.__qualname__,
-            "_poolkeeper_watched": True,
+            "_poolkeeper_subscribed": True,
         },
     )
     try:
-        environ.__class__ = watched
+        environ.__class__ = subscribed
     except TypeError:
         return False
     return True
@@ -168,31 +170,33 @@ def _install() -> bool:
     return _swap(os.environ) and (environb is None or _swap(environb))
 
 
-def watch(names: Iterable[str], watcher: _Watcher) -> bool:
-    """Call ``watcher.invalidate()`` whenever one of *names* changes.
+def subscribe(names: Iterable[str], subscriber: _Subscriber) -> bool:
+    """Call ``subscriber.invalidate()`` whenever one of *names* changes.
 
     Returns:
         Whether changes can be pushed; if not, the caller must poll.
     """
     if not _install():
         return False
-    ident = id(watcher)
+    ident = id(subscriber)
     added = [
-        (name, weakref.ref(watcher, _forgetter(name, ident))) for name in names
+        (name, weakref.ref(subscriber, _forgetter(name, ident)))
+        for name in names
     ]
-    # One line, so no injected exception can leave the lock held.
-    with _lock: _add(ident, added)  # noqa: E701  # fmt: skip
+    under(_lock, _add, ident, added)
     _sweep()
     return True
 
 
-def _add(ident: int, added: list[tuple[str, weakref.ref[_Watcher]]]) -> None:
+def _add(
+    ident: int, added: list[tuple[str, weakref.ref[_Subscriber]]]
+) -> None:
     # Under _lock: callbacks only queue, so nothing else changes the dicts.
     _forget_dead()
     for name, ref in added:
         refs = _refs.setdefault(name, {})
         refs[ident] = ref
-        _watchers[name] = tuple(refs.values())
+        _subscribers[name] = tuple(refs.values())
 
 
 def _forget_dead() -> None:
@@ -200,17 +204,21 @@ def _forget_dead() -> None:
     while _dead:
         name, ident, ref = _dead.popleft()
         refs = _refs.get(name, {})
-        if refs.get(ident) is ref:  # Not a newer watcher at the same id.
+        if refs.get(ident) is ref:  # Not a newer subscriber at this id.
             del refs[ident]
-            _watchers[name] = tuple(refs.values())
+            _subscribers[name] = tuple(refs.values())
 
 
 def _sweep() -> None:
     # Forgets the queued dead without blocking: if another holds the lock,
-    # it empties the queue before letting go (see watch), or the next
-    # change does. Taken and noted in one C call (as _registry's _drain
-    # does): no signal's exception between the acquire and its note.
+    # it empties the queue before letting go (see subscribe), or the next
+    # change does; so does this thread if the collector ran inside its own
+    # change (the lock is reentrant: it would let this in, mid-change).
+    # Taken and noted in one C call (as _registry's _drain does): no
+    # signal's exception between the acquire and its note.
     while _dead:
+        if is_owned(_lock):
+            return
         held: list[bool] = []
         try:
             held.extend(map(_lock.acquire, _NO_WAIT))
@@ -224,19 +232,18 @@ def _sweep() -> None:
 
 def _forgetter(
     name: str, ident: int
-) -> Callable[[weakref.ref[_Watcher]], None]:
-    def forget(ref: weakref.ref[_Watcher]) -> None:
+) -> Callable[[weakref.ref[_Subscriber]], None]:
+    def forget(ref: weakref.ref[_Subscriber]) -> None:
         _dead.append((name, ident, ref))
         _sweep()
 
     return forget
 
 
-def _after_fork_in_child() -> None:
-    # The parent's lock may have been held by a thread that does not
-    # exist here.
+def after_fork_in_child() -> None:
+    """Give the child a fresh lock (from the runtime's one fork hook).
+
+    The parent's may have been held by a thread that does not exist here.
+    """
     global _lock  # noqa: PLW0603
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    _lock = threading.RLock()

@@ -72,8 +72,10 @@ def arm_polled(
             return cast("T", slow(self, *args, **kwargs))
         now = key()
         same = now is value or (now == value and hash(now) == value_hash)
-        # One line: no line event between the state check and the return.
-        if same and record.state is live: return client  # noqa: E701  # fmt: skip
+        # A retirement after this check is one after the return: a lease
+        # pins and checks the record again (see _lease).
+        if same and record.state is live:
+            return client
         return self._miss(now)
 
     type.__setattr__(cls, "__call__", polled)

@@ -1,7 +1,7 @@
 """What sync and async singletons share outside the lifecycle.
 
 Identity semantics (hash, equality, copying, pickling by reference), the
-arguments check, key evaluation and the after-fork error report.
+argument validation, key evaluation and the after-fork error report.
 """
 
 from __future__ import annotations

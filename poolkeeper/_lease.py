@@ -9,10 +9,11 @@ while the hit path is armed) plus one pin, and exiting one is one unpin.
 Two Python frames in all, ``__enter__`` and ``__exit__``
 (tests/test_hit_frames.py counts them), and no lock.
 
-A pin is the lease's entry in its record's ``pins``, added on the line
-that records it in the lease, and then checked against the record's
-``open`` flag, which every transition that may retire the record clears
-before it reads the pins. Under the GIL, stores and loads happen in one
+The protocol is I3 of :mod:`poolkeeper._lifecycle`. A pin is the
+lease's entry in its record's ``pins``, added right after the lease
+records it, and then checked against the record's ``open`` flag, which
+every transition that may retire the record clears before it reads the
+pins. Under the GIL, stores and loads happen in one
 order, so either the pin finds the record open and its retirement sees
 the pin (and leaves the close to the last lease), or the pin finds the
 record closed and ends itself under the lock. An unpin removes the entry,
@@ -27,10 +28,10 @@ A retired record holds its pins weakly (see ``loosen`` below): a lease
 dropped without exiting releases its pin when it is collected.
 
 An exception may land at any line (a signal handler's
-``KeyboardInterrupt``): no line that adds or removes a pin calls
-anything, ``__enter__`` ends a pin it cannot return, and each step of
-``__exit__`` is repeated by the next layer if it was cut short; every
-step is idempotent, so none runs twice.
+``KeyboardInterrupt``): no store that adds or removes a pin is separated
+from the next by a call, ``__enter__`` ends a pin it cannot return, and
+each step of ``__exit__`` is repeated by the next layer if it was cut
+short; every step is idempotent, so none runs twice.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from poolkeeper._lifecycle import (
     Ended,
     Record,
 )
+from poolkeeper._records import is_owned, under
 from poolkeeper.exceptions import PoolkeeperWarning
 
 if TYPE_CHECKING:
@@ -115,11 +117,13 @@ class Lease(Generic[T]):
                 client = single()
                 record = slot.live
                 if record is not None and record.client is client:
-                    # One line that calls nothing (CPython runs signal
-                    # handlers after calls): the pin and the lease's record
-                    # of it, together (doomed too, on the instance: quicker
-                    # to read there). Then the flag, read after the store.
-                    self.pin = record; self.doomed = None; record.pins[self] = None  # noqa: E501, E702  # fmt: skip
+                    # Three stores that call nothing (CPython runs signal
+                    # handlers after calls): the lease's record of the pin
+                    # first, then the pin, so an exception between them is
+                    # ended by __exit__ below. Then the flag, read after.
+                    self.pin = record
+                    self.doomed = None
+                    record.pins[self] = None
                     if record.open:
                         return client
                     # Being retired: end the pin (closing the record if
@@ -145,13 +149,13 @@ class Lease(Generic[T]):
             raise ReferenceError(msg)
         life, slot = self._life, self._slot
         for _ in range(MAX_ROUNDS):
-            overrides = life.overrides
-            if overrides:
+            # Overrides win; the helper is called only when there is one
+            # (this is every lease's path without the GIL).
+            if life.overrides and (won := life.override()):
                 self.pin = DONE
-                return cast("T", overrides[-1][1])
+                return cast("T", won[0])
             client = single()
-            with life.lock: pinned = life.pin(slot, client, self)  # noqa: E701  # fmt: skip
-            if pinned:
+            if under(life.lock, life.pin, slot, client, self):
                 return client
         raise too_many_rounds(self._name, "lease")
 
@@ -169,7 +173,8 @@ class Lease(Generic[T]):
                     # without the GIL), and _finish settles it under the
                     # lock. An exception after the pop leaves it to _finish
                     # too.
-                    record.pins.pop(self, None); self.pin = DONE if record.open else record  # noqa: E501, E702  # fmt: skip
+                    record.pins.pop(self, None)
+                    self.pin = DONE if record.open else record
             finally:
                 if self.pin is not DONE or self.doomed is not None:
                     self._finish()
@@ -182,10 +187,12 @@ class Lease(Generic[T]):
         # an exit that was cut short.
         life = self._life
         if type(self.pin) is Record:
-            with life.lock: life.unpin(self)  # noqa: E701  # fmt: skip
+            under(life.lock, life.unpin, self)
         if self.doomed is not None:
-            # Taken and closed on one line: it is closed once.
-            record, self.doomed = self.doomed, None; self._closer.close(record)  # noqa: E702  # fmt: skip
+            # Closed, then forgotten: cut between the two, the next layer
+            # closes it again, which its claim on the record makes a no-op.
+            self._closer.close(self.doomed)
+            self.doomed = None
 
 
 def lease_class(
@@ -251,7 +258,7 @@ def _on_drop(ref: PinRef) -> None:
 
 def loosen(life: Lifecycle[Any]) -> None:
     """Hold the pins of *life*'s retired records weakly (see above)."""
-    with life.lock: _loosen(life)  # noqa: E701  # fmt: skip
+    under(life.lock, _loosen, life)
     release_dropped()
 
 
@@ -284,7 +291,7 @@ def release_dropped() -> None:
             return
         cls = ref.lease_class
         lock = cls._life.lock
-        if getattr(lock, "_is_owned", bool)():
+        if is_owned(lock):
             _dropped.append(ref)  # Inside a transition of this thread's.
             continue
         held: list[bool] = []

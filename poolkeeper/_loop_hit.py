@@ -3,13 +3,13 @@
 Each async singleton has a class of its own (see ``_make``).
 While a pushed key (none, ``keys.env``, ``keys.file``) cannot have changed
 and a loop's client is live, the lifecycle arms that class's ``__call__``
-for that loop: a plain function that checks its arguments and returns a
+for that loop: a plain function that validates its arguments and returns a
 coroutine which, once awaited, returns the client if it runs on the armed
 loop and the arming still stands. Two Python frames, no lock, no key read.
 Anything else (another loop, a disarmed class, a loop no longer running)
 takes the driver's slow path from inside that coroutine.
 
-The checks run when the coroutine runs, not when ``single()`` is called:
+The validation runs when the coroutine runs, not when ``single()`` is called:
 a coroutine made on one loop and awaited on another gets the other loop's
 client. One loop per class is armed at a time; while it runs, other loops
 take the slow path rather than take the arming from it (which would make

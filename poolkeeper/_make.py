@@ -5,7 +5,7 @@ path can be switched by one class-attribute store (``_hit`` arms a sync
 singleton's class, ``_loop_hit`` an async one's). Both drivers are wired
 the same way around their lifecycle: a close path, an entry in the
 registry (the fork hook, ``close_all()``) and, for a key whose changes
-are pushed (``keys.env``, ``keys.file``), a watch.
+are pushed (``keys.env``, ``keys.file``), a subscription.
 """
 
 from __future__ import annotations
@@ -138,5 +138,5 @@ def _register(
     _registry.register(single, entry)
     # Changes of keys.env and keys.file keys (and tuples of them) are
     # pushed, not polled: the hit path stays armed until one changes.
-    if key is not None and keys.watch(key, entry.life):
-        entry.life.pushed = True
+    if key is not None and keys.subscribe(key, entry.life):
+        entry.life.subscribed()

@@ -1,4 +1,4 @@
-"""The checks of process_singleton()'s arguments, with errors naming the fix.
+"""Validating process_singleton()'s arguments, with errors naming the fix.
 
 For callers without a type checker: a bad option, key or factory fails at
 decoration time with a message naming it and the fix.
@@ -9,18 +9,18 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, cast
 
-from poolkeeper._filekey import FileKey
+from poolkeeper._filekeys import FileKey
 from poolkeeper.keys import EnvKey, KeyTuple
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def check_options(
+def validate_options(
     close: object, after_fork: object, fork: object, interval: object
 ) -> None:
-    """Check the hooks, *fork* and the rebuild interval."""
-    # Typed as object: these checks are for callers without a type checker.
+    """Validate the hooks, *fork* and the rebuild interval."""
+    # Typed as object: this validation is for callers without a type checker.
     for option, hook in (("close", close), ("after_fork", after_fork)):
         if hook is not None and not callable(hook):
             msg = (
@@ -46,7 +46,7 @@ def check_options(
         raise ValueError(msg)
 
 
-def check_positional(factory: object) -> None:
+def validate_positional(factory: object) -> None:
     """Refuse a key passed where the factory goes: options are keywords."""
     parts = cast(
         "tuple[object, ...]",
@@ -63,8 +63,8 @@ def check_positional(factory: object) -> None:
         raise TypeError(msg)
 
 
-def check_key(key: object) -> Callable[[], object] | None:
-    """Check *key*; return it as one function (a tuple combined), or None."""
+def validate_key(key: object) -> Callable[[], object] | None:
+    """Validate *key*; return it as one function (a tuple combined) or None."""
     if key is None:
         return None
     parts = cast(
@@ -87,8 +87,8 @@ def check_key(key: object) -> Callable[[], object] | None:
     return _combine(cast("tuple[Callable[[], object], ...]", parts))
 
 
-def check_factory(factory: object) -> bool:
-    """Check *factory*; return whether it is an ``async def`` one."""
+def validate_factory(factory: object) -> bool:
+    """Validate *factory*; return whether it is an ``async def`` one."""
     if not callable(factory):
         msg = (
             "@process_singleton decorates a function that builds the "

@@ -5,16 +5,76 @@ a :class:`Record` for each built client (its state, key, generation and
 leases), a :class:`Ticket` for each build in progress, a :class:`Slot` for
 each place a client lives (the process, or one event loop), and the
 decisions a transition hands its driver (:class:`Serve`, :class:`Wait`,
-:class:`Build`).
+:class:`Build`), and the snapshot of its counters a user reads
+(:class:`Statistics`).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
-from typing import Any, Final, Generic, Protocol, TypeVar, final
+import threading
+from dataclasses import dataclass
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    final,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# -- atomic by structure -----------------------------------------------------
+# An exception can be injected at any line event (a tracer) and after any
+# call returns (CPython runs signal handlers there). So a transition that
+# must not be cut between two stores makes them in one C call (commit),
+# and a lock is released on every way out of the call it guards (under).
+# Neither adds a Python frame between the transition and its stores.
+
+#: In a :func:`commit` store, replaces all of a list's items.
+ALL: Final = slice(None)
+
+#: Runs an iterator of stores to its end inside one C call, which runs no
+#: bytecode: no line event, thread switch or signal handler falls between
+#: two stores, however the call is laid out. The stores are themselves C:
+#: ``commit(starmap(setattr, ((obj, "name", value), ...)))``, chained with
+#: ``starmap(setitem, ((a_list, ALL, items), ...))`` for items.
+commit: Final = collections.deque[object](maxlen=0).extend
+# The C method that says whether the calling thread holds an RLock.
+is_owned: Callable[[object], bool] = vars(type(threading.RLock()))["_is_owned"]
+
+
+def under(
+    lock: threading.RLock,
+    fn: Callable[P, R],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> R:
+    """Call *fn* holding *lock*; release it on every way out.
+
+    An exception injected at the line event of the ``with``'s exit (after
+    the body, before ``__exit__`` runs) would leave the lock held: the
+    ``finally`` releases it then, unless this thread held it before.
+    """
+    outer = is_owned(lock)
+    try:
+        with lock:
+            return fn(*args, **kwargs)
+    finally:
+        if not outer and is_owned(lock):
+            lock.release()
+
 
 #: Orders builds across every singleton, so shutdown closes in reverse.
 _sequence = itertools.count(1)
@@ -68,7 +128,7 @@ class Record(Generic[T]):
         self.generation = generation
         self.sequence = next(_sequence)
         # Async leases count here, under the lifecycle's lock; sync leases
-        # pin in pins, without it (see _lease.py).
+        # pin in pins, without it (see I3 in poolkeeper._lifecycle).
         self.leases = 0
         self.pins: dict[object, None] = {}
         # Whether a sync lease may pin without the lock: a transition
@@ -202,3 +262,44 @@ class Holder(Protocol):
 
     pin: Record[Any] | Ended | None
     doomed: Record[Any] | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Statistics:
+    """An immutable snapshot of one singleton in one process.
+
+    Counters start at zero in every process: a forked child does not
+    inherit its parent's.
+
+    Attributes:
+        builds: Successful factory calls.
+        build_failures: Factory calls that raised (any exception,
+            ``KeyboardInterrupt`` included; not a cancelled async build).
+        closes: Retired clients whose close hook returned normally.
+        close_failures: Retired clients whose close hook raised.
+        generation: The build number of the live client, 0 when none is
+            live.
+        key_fingerprint: :func:`~poolkeeper.fingerprint` of the live
+            client's key; ``None`` without a key or a live client.
+        pid: The process these numbers describe.
+        leases: Leases held right now, on live and retired clients.
+        pending_close: Retired clients whose close waits for their leases.
+        resets_refused: ``reset()`` calls refused by
+            *min_rebuild_interval*.
+        is_overridden: Whether an ``override()`` block is active.
+
+    .. versionadded:: 0.1
+    """
+
+    builds: int
+    build_failures: int
+    closes: int
+    close_failures: int
+    generation: int
+    key_fingerprint: str | None
+    pid: int
+    leases: int
+    pending_close: int
+    resets_refused: int
+    is_overridden: bool

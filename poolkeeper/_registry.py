@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _adapters, _waits
+from poolkeeper import _adapters, _environ, _filekeys, _waits
 from poolkeeper._close import arun_each, run_each
 from poolkeeper._close_anywhere import (
     aclose_anywhere,
@@ -29,6 +29,7 @@ from poolkeeper._close_anywhere import (
 )
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import ClientState
+from poolkeeper._records import is_owned, under
 from poolkeeper.exceptions import PoolkeeperWarning
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Entry:
 
 
 _entries: set[Entry] = set()
-_lock = threading.Lock()
+_lock = threading.RLock()
 _orphans: collections.deque[Entry] = collections.deque()
 # The arguments of a lock's acquire() that never blocks.
 _NO_WAIT = (False,)
@@ -79,23 +80,16 @@ fork_notes: list[str] | None = None
 def register(owner: object, entry: Entry) -> None:
     """Track *entry* until *owner* (its singleton) is collected."""
     _drain()
-    # One line, so no injected exception can leave the lock held.
-    with _lock: _add(entry)  # noqa: E701  # fmt: skip
+    under(_lock, _add, entry)
     finalizer = weakref.finalize(owner, _orphan, entry)
     finalizer.atexit = False  # close_all() runs at exit instead.
 
 
 def _add(entry: Entry) -> None:
     _entries.difference_update(
-        [e for e in _entries if e.orphaned and not _holds(e)]
+        [e for e in _entries if e.orphaned and not e.life.holders()]
     )
     _entries.add(entry)
-
-
-def _holds(entry: Entry) -> bool:
-    return any(
-        s.live is not None or s.retired for s in entry.life.slots.values()
-    )
 
 
 def _orphan(entry: Entry) -> None:
@@ -124,7 +118,7 @@ def _drain() -> None:
         # between an acquire() and the store of its result would leave the
         # lock held for ever. extend() appends acquire's answer before
         # control is back in this frame; the finally reads only the list.
-        if getattr(lock, "_is_owned", bool)():
+        if is_owned(lock):
             # This thread is inside one of its transitions (the collector
             # ran in the middle): the lock would let it in, mid-change.
             _orphans.append(entry)
@@ -161,7 +155,7 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
         loosen(entry.life)
         # With the closes owed from before: decided, then cut short before
         # they began (each close claims its record, so none runs twice).
-        out.extend(r for r in entry.life.owed if all(r is not o for o in out))
+        out.extend(entry.life.owed_besides(out))
         doomed.extend((record, entry.closer) for record in out)
     doomed.sort(key=lambda pair: pair[0].sequence, reverse=True)
     return doomed
@@ -199,7 +193,7 @@ def close_all() -> None:
 
     .. versionadded:: 0.1
     """
-    with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
+    entries = under(_lock, list, _entries)
     _refuse_in_loop(entries)
     _close(entries)
 
@@ -209,7 +203,7 @@ def _refuse_in_loop(entries: list[Entry]) -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    names = sorted({e.life.name for e in entries if _owns(e.life, loop)})
+    names = sorted({e.life.name for e in entries if e.life.holds_on(loop)})
     if names:
         msg = (
             "close_all() was called inside a running event loop whose async "
@@ -219,14 +213,6 @@ def _refuse_in_loop(entries: list[Entry]) -> None:
             "instead."
         )
         raise RuntimeError(msg)
-
-
-def _owns(life: Lifecycle[Any], loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether *life* has a client, live or owed a close, on *loop*."""
-    slot = life.slots.get(id(loop))
-    if slot is None or slot.loop is None or slot.loop() is not loop:
-        return False
-    return slot.live is not None or any(r.slot is slot for r in life.owed)
 
 
 async def aclose_all() -> None:
@@ -242,7 +228,7 @@ async def aclose_all() -> None:
 
     .. versionadded:: 0.1
     """
-    with _lock: entries = list(_entries)  # noqa: E701  # fmt: skip
+    entries = under(_lock, list, _entries)
     await arun_each(
         functools.partial(aclose_anywhere, closer, record)
         for record, closer in _detach(entries)
@@ -250,11 +236,15 @@ async def aclose_all() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # Runs in the child with one thread: take no lock, log nothing, never
-    # raise, whatever a hook raises. Each singleton gets a fresh lock and
-    # abandons its parent's clients, never closing them.
+    # The runtime's one fork hook. Runs in the child with one thread: take
+    # no lock, log nothing, never raise, whatever a hook raises. The
+    # file-key thread, the environment subscriptions' lock and the waits
+    # start afresh; each singleton gets a fresh lock and abandons its
+    # parent's clients, never closing them.
     global _lock  # noqa: PLW0603 -- the parent's may be held by a thread.
-    _lock = threading.Lock()
+    _lock = threading.RLock()
+    _filekeys.after_fork_in_child()
+    _environ.after_fork_in_child()
     _waits.forget()
     for entry in list(_entries):
         try:
@@ -275,9 +265,7 @@ def kept_clients() -> list[object]:
         record.client
         for entry in list(_entries)
         if entry.keep
-        for slot in list(entry.life.slots.values())
-        for record in (slot.live, *slot.retired)
-        if record is not None
+        for record in entry.life.holders()
     ]
 
 
@@ -300,5 +288,6 @@ def _abandon(entry: Entry, record: Record[Any]) -> None:
         entry.life.fork_errors.extend(map(PoolkeeperWarning, notes))
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(close_all)

@@ -78,7 +78,7 @@ def rounds(  # noqa: PLR0913, PLR0917 -- what a call knows.
     yielded, for the driver to raise. A slot dropped meanwhile (its loop
     ended) is replaced by *reslot*. *asked* holds the slot, the wake-up and
     the epoch of the latest request: a driver unwinding by an exception
-    gives them to :meth:`Lifecycle.abandon`.
+    gives them to :meth:`Lifecycle.settle_unbegun`.
 
     Raises:
         PoolkeeperError: If the key changed during each of ``MAX_ROUNDS``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 import wrapt
 
@@ -60,7 +60,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
     # __call__ is a C callable returning the client (see _hit.armed), so a hit
     # runs no Python code and takes no lock. The lifecycle disarms it,
     # under its lock, before anything replaces or retires that client, and
-    # the environment watcher and the fork hook disarm it too.
+    # a subscribed key's change and the fork hook disarm it too.
 
     def __call__(self, *args: object, **kwargs: object) -> T:
         """Return the live client for the current key, building it if needed.
@@ -78,17 +78,15 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
         """
         if args or kwargs:
             raise TypeError(no_arguments(self._self_name, args, kwargs))
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        if won := self._self_life.override():
+            return won[0]
         return self._acquire(NOTHING).client
 
     def _miss(self, value: object) -> T:
         # A polled hit path's miss, with the key value it read: the key is
         # evaluated once per call.
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        if won := self._self_life.override():
+            return won[0]
         return self._acquire(value).client
 
     # -- calls --------------------------------------------------------------
@@ -119,7 +117,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
                 with waiting(me, ticket):
                     ended(ticket)
         except BaseException:
-            if life.abandon(asked[0], asked[1]):
+            if life.settle_unbegun(asked[0], asked[1]):
                 asked[1].set()
             raise
         raise AssertionError  # pragma: no cover -- rounds() ends the call.
@@ -157,9 +155,7 @@ class ProcessSingleton(Identity[T], SyncMethods[T], _Proxy, Generic[T]):
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before
         # it began): each close claims its record, so none runs twice.
-        owed = [
-            r for r in self._self_life.owed if all(r is not d for d in doomed)
-        ]
+        owed = self._self_life.owed_besides(doomed)
         close = self._self_closer.close
         run_each(
             (

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from poolkeeper._lifecycle import Lifecycle, Record, Slot
-    from poolkeeper._stats import Statistics
+    from poolkeeper._records import Statistics
 
 T = TypeVar("T")
 
@@ -88,9 +88,8 @@ class SyncMethods(Generic[T]):
         Returns:
             The live client (or the override), ``None`` if none is live.
         """
-        overrides = self._self_life.overrides
-        if overrides:
-            return cast("T", overrides[-1][1])
+        if won := self._self_life.override():
+            return won[0]
         live = self._self_slot.live
         return None if live is None else live.client
 

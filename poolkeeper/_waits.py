@@ -25,6 +25,7 @@ import contextvars
 import threading
 from typing import TYPE_CHECKING
 
+from poolkeeper._records import under
 from poolkeeper.exceptions import ReentrantBuildError
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ _MAX_CHAIN = 64
 _building: contextvars.ContextVar[tuple[Ticket, ...]] = contextvars.ContextVar(
     "poolkeeper_building", default=()
 )
-_lock = threading.Lock()
+_lock = threading.RLock()
 _waiting: dict[object, Ticket] = {}
 
 
@@ -66,15 +67,16 @@ def waiting(owner: object, ticket: Ticket) -> Generator[None, None, None]:
     """
     if not ticket.finished and ticket in _building.get():
         raise ReentrantBuildError(ticket.name)
-    # Each `with` is one line: an exception injected at a line event
-    # cannot fall between a block's end and its exit (see _lifecycle).
-    with _lock: cycle = _enter(owner, ticket)  # noqa: E701  # fmt: skip
-    if cycle is not None:
-        raise ReentrantBuildError(ticket.name, cycle)
+    # Entered inside the try: _leave is idempotent, so a wait cut short
+    # anywhere after it was recorded is forgotten (``under`` releases the
+    # lock on every way out).
     try:
+        cycle = under(_lock, _enter, owner, ticket)
+        if cycle is not None:
+            raise ReentrantBuildError(ticket.name, cycle)
         yield
     finally:
-        with _lock: _leave(owner, ticket)  # noqa: E701  # fmt: skip
+        under(_lock, _leave, owner, ticket)
 
 
 def ended(ticket: Ticket) -> None:
@@ -122,5 +124,5 @@ def _cycle(owner: object, ticket: Ticket) -> tuple[str, ...] | None:
 def forget() -> None:
     """In a forked child: the parent's other threads wait for nothing here."""
     global _lock  # noqa: PLW0603 -- replaced, never shared with the parent.
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _waiting.clear()

@@ -9,7 +9,7 @@ What each kind notices, and how fast:
 - :func:`env`: a change through ``os.environ``, pushed at once; a call
   reads nothing.
 - :func:`file`: a rewrite, rename over, creation or deletion of the file,
-  seen by the checker thread within *recheck_seconds*; a call reads
+  seen by the file-key thread within *recheck_seconds*; a call reads
   nothing. With ``recheck_seconds=0``: one ``stat()`` per call, noticed by
   the next call.
 - A tuple: pushed when every part is, as its parts; otherwise evaluated on
@@ -25,12 +25,12 @@ import os
 from typing import TYPE_CHECKING, final
 
 from poolkeeper import _environ
-from poolkeeper._filekey import _UNSEEN, FileKey, check_recheck
+from poolkeeper._filekeys import _UNSEEN, FileKey, valid_recheck
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from poolkeeper import _checker
+    from poolkeeper import _filekeys
 
 __all__ = ["env", "file"]
 
@@ -54,9 +54,9 @@ class EnvKey:
         get = os.environ.get
         return tuple([get(name) for name in self.names])
 
-    def _watch(self, watcher: _checker.Watcher) -> bool:
-        """Have changes pushed to *watcher*; say whether they will be."""
-        return _environ.watch(self.names, watcher)
+    def _subscribe(self, subscriber: _filekeys.Subscriber) -> bool:
+        """Have changes pushed to *subscriber*; say whether they will be."""
+        return _environ.subscribe(self.names, subscriber)
 
     def __repr__(self) -> str:
         """Name the variables, never their values."""
@@ -90,11 +90,11 @@ def env(*names: str) -> EnvKey:
     if not names:
         msg = "keys.env() needs at least one variable name."
         raise ValueError(msg)
-    _check_names(names)
+    _validate_names(names)
     return EnvKey(tuple(dict.fromkeys(names)))
 
 
-def _check_names(names: tuple[object, ...]) -> None:
+def _validate_names(names: tuple[object, ...]) -> None:
     for name in names:
         if not isinstance(name, str):
             msg = (
@@ -111,16 +111,16 @@ def file(
 ) -> FileKey:
     """Key a singleton on the content of a file, such as an API key file.
 
-    With *recheck_seconds* > 0 the file is watched by poolkeeper's checker,
-    one daemon thread for the whole process: every *recheck_seconds* it
+    With *recheck_seconds* > 0 the file is looked at by poolkeeper's file-key
+    thread, one daemon thread for the whole process: every *recheck_seconds* it
     ``stat()``-s the file and re-reads it when its modification time,
     size, inode or device changed. When the content changed, it disarms
     the singletons using the key, so the hit path itself reads nothing
     (it costs the same as with no key). Rotating the file, in place or by
     rename, is therefore noticed within *recheck_seconds* (plus the time
-    the checker takes for the other keys), and at once by a call that is
-    on the slow path anyway. A missing file is a valid key value of its
-    own, and creating or deleting the file is a change.
+    the file-key thread takes for the other keys), and at once by a call
+    that is on the slow path anyway. A missing file is a valid key value
+    of its own, and creating or deleting the file is a change.
 
     With ``recheck_seconds=0`` the file is ``stat()``-ed on every call
     instead, and a change is noticed by the next call.
@@ -133,10 +133,10 @@ def file(
     never reads one, so it never blocks on a pipe with no writer.
 
     Args:
-        path: The file to watch, or a function returning its path: that
+        path: The file, or a function returning its path: that
             function is called on every evaluation of the key (on the slow
-            path only, while changes are pushed) and by the checker, so a
-            path that depends on the environment or the working directory
+            path only, while changes are pushed) and by the file-key thread,
+            so a path that depends on the environment or the working directory
             is followed. Relative paths are resolved against the working
             directory at each look.
         recheck_seconds: The longest a change may go unnoticed; 0 to look
@@ -151,9 +151,9 @@ def file(
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.1
-       A checker thread pushes changes; *path* may be a function.
+       A file-key thread pushes changes; *path* may be a function.
     """
-    seconds = check_recheck(recheck_seconds)
+    seconds = valid_recheck(recheck_seconds)
     if callable(path):
         return FileKey(path, seconds)
     return FileKey(os.fspath(path), seconds)
@@ -187,12 +187,12 @@ class KeyTuple:
         """Return the tuple of the parts' values."""
         return tuple([part() for part in self._evaluate])
 
-    def _watch(self, watcher: _checker.Watcher) -> bool:
+    def _subscribe(self, subscriber: _filekeys.Subscriber) -> bool:
         if self._evaluate is not self.parts:
             return False
         # A list, not a generator: every part registers, even after one
         # that cannot push (a spare notification only costs a slow call).
-        pushed = [watch(part, watcher) for part in self.parts]
+        pushed = [subscribe(part, subscriber) for part in self.parts]
         return all(pushed)
 
     def __repr__(self) -> str:
@@ -204,8 +204,8 @@ class KeyTuple:
 class _Kept:
     """A pushed key's value, evaluated again only after it changed.
 
-    The part of a polled tuple that can push: it watches its key like a
-    singleton would, so the tuple's every-call cost is its other parts.
+    The part of a polled tuple that can push: it subscribes to its key like
+    a singleton does, so the tuple's every-call cost is its other parts.
     """
 
     __slots__ = ("__weakref__", "_epoch", "_key", "_pushed", "_value")
@@ -214,7 +214,7 @@ class _Kept:
         self._key = key
         self._value: object = _UNSEEN
         self._epoch = 0
-        self._pushed = watch(key, self)
+        self._pushed = subscribe(key, self)
 
     def invalidate(self) -> None:
         """The key changed: forget the kept value."""
@@ -237,13 +237,13 @@ class _Kept:
 _PUSHABLE = (EnvKey, FileKey, KeyTuple)
 
 
-def watch(key: object, watcher: _checker.Watcher) -> bool:
-    """Have *key*'s changes pushed to *watcher*; say whether they will be.
+def subscribe(key: object, subscriber: _filekeys.Subscriber) -> bool:
+    """Have *key*'s changes pushed to *subscriber*; say whether they will be.
 
     Internal: called by the drivers once per singleton. A key that cannot
     push (a plain function, a tuple holding one, ``recheck_seconds=0``)
     returns False and is evaluated on every call.
     """
     if isinstance(key, _PUSHABLE):
-        return key._watch(watcher)
+        return key._subscribe(subscriber)
     return False

@@ -15,7 +15,7 @@ import pytest
 WAIT = 30.0  # Upper bound, in seconds, on every wait in the tests.
 
 # A free-threaded build (python3.14t): no GIL, so no singleton takes the
-# lock-free steps made for the GIL (poolkeeper._lifecycle._state.gil).
+# lock-free steps made for the GIL (poolkeeper._lifecycle.gil).
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 # For a test (or a parametrisation) about the GIL's lock-free steps: a
@@ -31,11 +31,11 @@ def made_as_free_threaded(monkeypatch) -> None:
     """Make singletons from now on as a free-threaded build makes them.
 
     They take the lock instead of the lock-free steps, as they do on a
-    free-threaded build even when its GIL is on (see _state.gil).
+    free-threaded build even when its GIL is on (see _lifecycle.gil).
     """
-    from poolkeeper._lifecycle import _state
+    from poolkeeper import _lifecycle
 
-    monkeypatch.setattr(_state, "FREE_THREADED", True)
+    monkeypatch.setattr(_lifecycle, "FREE_THREADED", True)
 
 
 # Parametrises a test's gil argument: True makes singletons as a build

@@ -16,8 +16,7 @@ import threading
 
 from helpers import FREE_THREADED, WAIT
 
-from poolkeeper import process_singleton
-from poolkeeper._lifecycle import _state
+from poolkeeper import _lifecycle, process_singleton
 
 # Standard-library extension modules that can be imported again once
 # removed from sys.modules (multi-phase init), and that nothing here uses.
@@ -72,7 +71,7 @@ class TestLockFreeDecidedByTheBuild:
         The ABI flags ("t") where the build has them; sysconfig where it
         has none (Windows before 3.14).
         """
-        assert FREE_THREADED is _state.FREE_THREADED
-        assert FREE_THREADED is _state._free_threaded()
+        assert FREE_THREADED is _lifecycle.FREE_THREADED
+        assert FREE_THREADED is _lifecycle._free_threaded()
         monkeypatch.delattr(sys, "abiflags", raising=False)
-        assert FREE_THREADED is _state._free_threaded()
+        assert FREE_THREADED is _lifecycle._free_threaded()

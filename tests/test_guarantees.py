@@ -120,9 +120,9 @@ class TestLeaseNeverRetired:
         single = process_singleton(Factory())
         first = single()
         if gil:
-            pause = Pause("__enter__", "self.pin = record; self.doomed = None")
+            pause = Pause("__enter__", "self.pin = record")
         else:
-            pause = Pause("_enter", "with life.lock: pinned = life.pin(")
+            pause = Pause("_enter", "if under(life.lock, life.pin, slot,")
         box: list[object] = []
 
         def lease():

@@ -117,7 +117,7 @@ class TestLeaseFrames:
         """Making, entering and exiting a built lease: two Python frames.
 
         no-gil: made as on a free-threaded build, the lease pins and
-        unpins under the lock, in three frames each way.
+        unpins under the lock (``under``, see I1), in four frames each way.
         """
         if not gil:
             made_as_free_threaded(monkeypatch)
@@ -136,8 +136,9 @@ class TestLeaseFrames:
         if gil:
             assert ["use", "__enter__", "__exit__"] == frames
         else:
-            locked = ["__enter__", "_enter", "pin", "__exit__", "_finish"]
-            assert ["use", *locked, "unpin"] == frames
+            enter = ["__enter__", "_enter", "under", "pin"]
+            exit_ = ["__exit__", "_finish", "under", "unpin"]
+            assert ["use", *enter, *exit_] == frames
         assert [client] == result
         assert 0 == single.statistics().leases
 

@@ -254,9 +254,9 @@ class TestLeaseRaces:
         single, _ = _built()
         first = single()
         if gil:
-            at = ("self.pin = record; self.doomed = None", "__enter__")
+            at = ("self.pin = record", "__enter__")
         else:
-            at = ("with life.lock: pinned = life.pin(", "_enter")
+            at = ("if under(life.lock, life.pin, slot,", "_enter")
         pause, thread, box = _stopped_lease(single, *at)
         assert single.reset()
         pause.release.set()

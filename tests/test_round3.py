@@ -184,11 +184,11 @@ class TestDecoratingUnderGarbageCollection:
     ):
         """2,000 singletons on one variable, collected as they are made.
 
-        Each dropped one's watch is forgotten by a weakref callback that the
-        collector runs at whatever allocation comes next, in the middle of
-        the next registration (CPython 3.10 and 3.11 collect inside an
-        allocation: there it raised "dictionary changed size during
-        iteration").
+        Each dropped one's subscription is forgotten by a weakref callback
+        that the collector runs at whatever allocation comes next, in the
+        middle of the next registration (CPython 3.10 and 3.11 collect
+        inside an allocation: there it raised "dictionary changed size
+        during iteration").
         """
         monkeypatch.setenv("PK_ROUND3", "1")
         before = gc.get_threshold()
@@ -202,14 +202,14 @@ class TestDecoratingUnderGarbageCollection:
             gc.set_threshold(*before)
         client = single()
         assert client is single()
-        monkeypatch.setenv("PK_ROUND3", "2")  # Still watched: rebuilt.
+        monkeypatch.setenv("PK_ROUND3", "2")  # Still subscribed: rebuilt.
         assert client is not single()
         gc.collect()
         # The dropped are forgotten: what is left is alive, the same in the
         # tuple that writes read, and at most the last singleton and the
         # lifecycle the registry lets go of at the next registration.
         refs = _environ._refs["PK_ROUND3"]
-        assert list(refs.values()) == list(_environ._watchers["PK_ROUND3"])
+        assert list(refs.values()) == list(_environ._subscribers["PK_ROUND3"])
         assert all(ref() is not None for ref in refs.values())
         assert 2 >= len(refs)
 
@@ -442,7 +442,7 @@ class TestDroppedLeases:
             # Entered before the collection: the loop runs the release in
             # a context copied when it is scheduled, and on a free-threaded
             # 3.14 warnings filters live in the context.
-            with pytest.warns(PoolkeeperWarning, match="make"):
+            with pytest.warns(PoolkeeperWarning, match="make"):  # noqa: PT031
                 del lease
                 gc.collect()
                 await settle(client)

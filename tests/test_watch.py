@@ -18,8 +18,9 @@ import pytest
 from helpers import WAIT, fork_and_check
 
 import poolkeeper
-from poolkeeper import PoolLeakWarning, _watch, _watch_census, _watch_patch
+from poolkeeper import PoolLeakWarning, _watch
 from poolkeeper._clients import WATCHED_CLASSES
+from poolkeeper._watch import _census, _patch
 
 _SDK_SOURCE = textwrap.dedent(
     """
@@ -364,7 +365,7 @@ class TestNeverBreaksTheProgram:
 
         poolkeeper.watch(f"{sdk}:Client", limit=1)
         module = importlib.import_module(sdk)
-        monkeypatch.setattr(_watch_patch, "_call_site", broken)
+        monkeypatch.setattr(_patch, "_call_site", broken)
         with caplog.at_level(logging.WARNING, logger="poolkeeper"):
             kept = build(module.Client, 3)
         assert [0, 1, 2] == [client.number for client in kept]
@@ -493,7 +494,7 @@ class TestLimitEdges:
     def test_module_without_a_package_skips_its_own_file(self, sdk):
         """A one-file module's own frames are skipped, like a package's."""
         module = importlib.import_module(sdk)
-        assert (module.__file__,) == _watch_patch._package_paths(module.Client)
+        assert (module.__file__,) == _patch._package_paths(module.Client)
 
     def test_package_skips_its_whole_folder(self):
         """A package's own frames are skipped wherever in it they are."""
@@ -501,9 +502,7 @@ class TestLimitEdges:
         import json.decoder
 
         folder = str(Path(json.__file__).parent) + os.sep
-        assert (folder,) == _watch_patch._package_paths(
-            json.decoder.JSONDecoder
-        )
+        assert (folder,) == _patch._package_paths(json.decoder.JSONDecoder)
 
     def test_bad_limit_in_the_environment_falls_back_to_the_default(self):
         """POOLKEEPER_WATCH_LIMIT that is no number: a warning, then watch."""
@@ -575,11 +574,7 @@ class TestFork:
         module = importlib.import_module(sdk)
         clients = build(module.Client, 2)
         name = f"{sdk}.Client"
-        lock = (
-            _watch._registry_lock
-            if which == "registry"
-            else _watch_census.lock
-        )
+        lock = _watch._registry_lock if which == "registry" else _census.lock
         held, release = threading.Event(), threading.Event()
 
         def hold() -> None:

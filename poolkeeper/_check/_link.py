@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from poolkeeper._check_findings import imported_call_finding
+from poolkeeper._check._findings import imported_call_finding
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from poolkeeper._check_files import Checked
-    from poolkeeper._check_findings import Finding
+    from poolkeeper._check._files import Checked
+    from poolkeeper._check._findings import Finding
 
 __all__ = ["link"]
 

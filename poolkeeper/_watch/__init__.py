@@ -4,7 +4,7 @@ Here are :func:`watch`, :func:`unwatch` and :func:`live_counts`, the
 registry of watched ``module:Class`` names (each patched once its module
 is imported), and ``POOLKEEPER_WATCH``, read when this module is imported
 (the ``poolkeeper-watch.pth`` file imports it at interpreter startup).
-Patching a class is :mod:`._watch_patch`; counting, :mod:`._watch_census`.
+Patching a class is :mod:`._patch`; counting, :mod:`._census`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Final
 
 import wrapt
 
-from poolkeeper import _watch_census
 from poolkeeper._clients import WATCHED_CLASSES
-from poolkeeper._watch_patch import Patch
+from poolkeeper._watch import _census
+from poolkeeper._watch._patch import Patch
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -125,7 +125,7 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
 
     .. versionadded:: 0.1
     """
-    limit = _checked_limit(limit)
+    limit = _valid_limit(limit)
     specs = names or WATCHED_CLASSES
     for spec in specs:
         module, _, attr = spec.partition(":")
@@ -144,7 +144,7 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
             wrapt.register_post_import_hook(target.hook, target.module)
 
 
-def _checked_limit(limit: object) -> int:
+def _valid_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         msg = f"watch(limit=...) must be an integer, not {limit!r}."
         raise TypeError(msg)
@@ -183,7 +183,7 @@ def live_counts() -> dict[str, int]:
     counts: dict[str, int] = {}
     with _registry_lock:
         patches = list(_patches.values())
-    with _watch_census.lock:
+    with _census.lock:
         for patch in patches:
             for name, census in patch.censuses.items():
                 census.drain()
@@ -192,10 +192,12 @@ def live_counts() -> dict[str, int]:
 
 
 def _after_fork_in_child() -> None:
-    # The parent's lock may have been held by a thread that does not exist
-    # here.
+    # The watchdog's one fork hook. The parent's locks may have been held
+    # by a thread that does not exist here: fresh ones. The counts stay
+    # right, since the child has copies of the live instances.
     global _registry_lock  # noqa: PLW0603
     _registry_lock = threading.RLock()
+    _census.lock = threading.Lock()
 
 
 def _watch_from_environment() -> None:

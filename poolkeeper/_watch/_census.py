@@ -1,13 +1,13 @@
 """The census of one watched class: its live instances, where each was built.
 
 Instances are held through weak references, so counting never keeps one
-alive. :data:`lock` guards every census; a forked child gets a new one.
+alive. :data:`lock` guards every census; a forked child gets a new one
+(the watchdog's fork hook, in :mod:`poolkeeper._watch`, replaces it).
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import weakref
 from typing import Any
@@ -54,15 +54,3 @@ class Census:
                     self.sites[ref.site] = left
                 else:
                     del self.sites[ref.site]
-
-
-def _after_fork_in_child() -> None:
-    # The parent's lock may have been held by a thread that does not exist
-    # here; the counts stay right, since the child has copies of the live
-    # instances.
-    global lock  # noqa: PLW0603
-    lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import wrapt
 
-from poolkeeper import _watch_census
-from poolkeeper._watch_census import Census, Ref
+from poolkeeper._watch import _census
+from poolkeeper._watch._census import Census, Ref
 from poolkeeper.exceptions import PoolLeakWarning
 
 if TYPE_CHECKING:
@@ -31,9 +31,10 @@ _log = logging.getLogger("poolkeeper")
 
 _TOP_SITES: Final = 3
 _MISSING: Final = object()
-# Frames in these directories never count as the place a client was built.
+# Frames in these directories never count as the place a client was built:
+# the poolkeeper package (this file is in its _watch/) and wrapt.
 _OWN_DIRS: Final = (
-    str(Path(__file__).parent) + os.sep,
+    str(Path(__file__).parent.parent) + os.sep,
     str(Path(wrapt.__file__).parent) + os.sep,
 )
 
@@ -86,7 +87,7 @@ class Patch:
                 type.__delattr__(self.cls, "__init__")
             else:
                 type.__setattr__(self.cls, "__init__", self.original)
-        with _watch_census.lock:
+        with _census.lock:
             self.censuses.clear()
 
     def _track(self, instance: object) -> None:
@@ -94,7 +95,7 @@ class Patch:
         name = f"{cls.__module__}.{cls.__qualname__}"
         census = self.censuses.get(name)
         if census is None:
-            with _watch_census.lock:
+            with _census.lock:
                 census = self.censuses.setdefault(name, Census(name))
         try:
             ref = Ref(instance, census.dead.append)
@@ -105,7 +106,7 @@ class Patch:
         frame = _call_site(self.skip)
         ref.site = _UNKNOWN if frame is None else _where(frame)
         sites = census.sites
-        with _watch_census.lock:
+        with _census.lock:
             census.drain()
             live = census.live
             known = live.get(ref.ident)

@@ -3,9 +3,9 @@
 Nothing is imported from the code under check: names are resolved through
 the module's own ``import`` statements, scope by scope. Here is the walk
 over a module, carrying why a call repeats (a loop, a comprehension, an
-except block, a retry); name resolution is in :mod:`._check_scope`, what a
-function says about its builds in :mod:`._check_function`, and what is
-reported in :mod:`._check_findings`.
+except block, a retry); name resolution is in :mod:`._scope`, what a
+function says about its builds in :mod:`._function`, and what is
+reported in :mod:`._findings`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING, Final
 
-from poolkeeper._check_findings import (
+from poolkeeper._check._findings import (
     FIX,
     Finding,
     ImportedCall,
     ModuleReport,
 )
-from poolkeeper._check_function import (
+from poolkeeper._check._function import (
     FIXTURE_DECORATORS,
     SINGLETON_DECORATORS,
     Function,
@@ -29,7 +29,7 @@ from poolkeeper._check_function import (
     is_retry,
     wrapped_functions,
 )
-from poolkeeper._check_scope import (
+from poolkeeper._check._scope import (
     FUNCTIONS,
     bindings,
     declared_global,

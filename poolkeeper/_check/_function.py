@@ -12,12 +12,12 @@ import ast
 import dataclasses
 from typing import TYPE_CHECKING, Final
 
-from poolkeeper._check_scope import last_name, own_nodes, resolve
+from poolkeeper._check._scope import last_name, own_nodes, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from poolkeeper._check_scope import Scopes
+    from poolkeeper._check._scope import Scopes
 
 __all__ = [
     "FIXTURE_DECORATORS",

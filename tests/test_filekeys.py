@@ -1,4 +1,4 @@
-"""The checker thread: file keys pushed, not polled, on real files."""
+"""The file-key thread: file keys pushed, not polled, on real files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import weakref
 import pytest
 from helpers import WAIT, Factory, fork_and_check
 
-from poolkeeper import _checker, keys, process_singleton
+from poolkeeper import _filekeys, keys, process_singleton
 
 # Small, so that a change is noticed quickly; waits allow many of them.
 RECHECK = 0.05
@@ -28,7 +28,7 @@ def eventually(predicate, timeout: float = DEADLINE) -> bool:
     return bool(predicate())
 
 
-def watched(path, factory=None, recheck: float = RECHECK):
+def pushed(path, factory=None, recheck: float = RECHECK):
     """Return a singleton keyed on the file at *path*, checked often."""
     key = keys.file(path, recheck_seconds=recheck)
     return process_singleton(key=key)(factory or Factory())
@@ -53,11 +53,11 @@ class TestFileKeyPushed:
         assert isinstance(type(single).__dict__["__call__"], staticmethod)
 
     def test_rewrite_is_noticed_within_recheck(self, tmp_path):
-        """Rewriting the file in place rebuilds once the checker looked."""
+        """Rewriting the file in place rebuilds once the thread looked."""
         path = tmp_path / "api_key"
         path.write_text("one")
         factory = Factory()
-        single = watched(path, factory)
+        single = pushed(path, factory)
         old = single()
 
         path.write_text("two, longer")
@@ -70,7 +70,7 @@ class TestFileKeyPushed:
         """Replacing the file by rename (new inode) rebuilds."""
         path = tmp_path / "api_key"
         path.write_text("one")
-        single = watched(path)
+        single = pushed(path)
         old = single()
         staged = tmp_path / "staged"
         staged.write_text("two")
@@ -100,7 +100,7 @@ class TestFileKeyPushed:
         path = tmp_path / "api_key"
         path.write_text("one")
         factory = Factory()
-        single = watched(path, factory)
+        single = pushed(path, factory)
         client = single()
 
         time.sleep(5 * RECHECK)
@@ -165,7 +165,7 @@ class TestFileKeyPushed:
         assert str(tmp_path / "b") == key()[0]
 
     def test_shortened_recheck_applies_at_once(self, tmp_path):
-        """Lowering recheck_seconds wakes the checker with the new value."""
+        """Lowering recheck_seconds wakes the thread with the new value."""
         path = tmp_path / "api_key"
         path.write_text("one")
         key = keys.file(path, recheck_seconds=3600)
@@ -185,7 +185,7 @@ class TestFileKeyPushed:
 
 
 class TestCheckerThread:
-    def test_survives_a_failing_check(self, tmp_path, caplog):
+    def test_survives_a_failing_refresh(self, tmp_path, caplog):
         """A key whose check raises is logged; other keys still work."""
         path = tmp_path / "api_key"
         path.write_text("one")
@@ -197,7 +197,7 @@ class TestCheckerThread:
                 raise OSError(msg)
             return str(tmp_path / "other")
 
-        bad = watched(broken)
+        bad = pushed(broken)
         good = process_singleton(key=keys.file(path, recheck_seconds=RECHECK))(
             Factory()
         )
@@ -214,10 +214,10 @@ class TestCheckerThread:
             bad()
 
     def test_dropped_singleton_is_not_kept_alive(self, tmp_path):
-        """The checker holds watchers weakly: a dropped singleton dies."""
+        """The thread holds subscribers weakly: a dropped singleton dies."""
         path = tmp_path / "api_key"
         path.write_text("one")
-        single = watched(path)
+        single = pushed(path)
         single()
         ref = weakref.ref(single)
 
@@ -226,12 +226,12 @@ class TestCheckerThread:
 
         assert ref() is None
 
-    def test_dropped_watcher_is_forgotten(self, tmp_path):
-        """The checker forgets a key once its last watcher is collected."""
+    def test_dropped_subscriber_is_forgotten(self, tmp_path):
+        """The thread forgets a key once its last subscriber is collected."""
         path = tmp_path / "api_key"
-        single = watched(path)
+        single = pushed(path)
         single()
-        assert _checker._thread is not None
+        assert _filekeys._thread is not None
         key = single._self_key
         del single
         gc.collect()
@@ -241,23 +241,23 @@ class TestCheckerThread:
 
         def idle() -> bool:
             gc.collect()
-            entry = _checker._entries.get(key)
-            return entry is None or not entry.watchers
+            entry = _filekeys._entries.get(key)
+            return entry is None or not entry.subscribers
 
         assert eventually(idle, WAIT)
 
     @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
-    def test_forked_child_gets_a_working_checker(self, tmp_path):
-        """In a forked child a new checker notices a rotated file."""
+    def test_forked_child_gets_a_working_file_key_thread(self, tmp_path):
+        """In a forked child a new file-key thread notices a rotated file."""
         path = tmp_path / "api_key"
         path.write_text("one")
-        single = watched(path)
+        single = pushed(path)
         single()
-        parent = _checker._thread
+        parent = _filekeys._thread
 
         def child() -> bool:
             first = single()
-            thread = _checker._thread
+            thread = _filekeys._thread
             if thread is None or thread is parent or not thread.is_alive():
                 return False
             path.write_text(f"rotated in {os.getpid()}")
@@ -267,7 +267,7 @@ class TestCheckerThread:
         assert parent is None or parent.is_alive()
 
     def test_concurrent_registration_starts_one_thread(self, tmp_path):
-        """Keys registered from many threads share one checker thread."""
+        """Keys registered from many threads share one file-key thread."""
         barrier = threading.Barrier(8)
         made: list[object] = []
 
@@ -287,8 +287,8 @@ class TestCheckerThread:
         for t in threads:
             t.join(WAIT)
             assert not t.is_alive()
-        checkers = [
-            t for t in threading.enumerate() if t.name == "poolkeeper-checker"
+        threads_seen = [
+            t for t in threading.enumerate() if t.name == "poolkeeper-filekeys"
         ]
 
-        assert 1 == len(checkers)
+        assert 1 == len(threads_seen)

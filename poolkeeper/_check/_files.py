@@ -18,11 +18,11 @@ import tokenize
 import warnings
 from typing import TYPE_CHECKING, Final
 
-from poolkeeper._check_ast import analyze_module
-from poolkeeper._check_config import Config, Configs
-from poolkeeper._check_findings import Finding, ModuleReport, client_table
+from poolkeeper._check._ast import analyze_module
+from poolkeeper._check._config import Config, Configs
+from poolkeeper._check._findings import Finding, ModuleReport, client_table
 from poolkeeper._clients import CHECKED_CALLABLES
-from poolkeeper._filekey import read_regular
+from poolkeeper._filekeys import read_regular
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

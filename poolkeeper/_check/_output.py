@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from poolkeeper._check_findings import Finding
+    from poolkeeper._check._findings import Finding
 
 __all__ = ["write"]
 

@@ -3,8 +3,8 @@
 Reads files and ``pyproject.toml``; never imports the code it checks.
 Standard library only, and not imported by ``import poolkeeper``. Here
 are the arguments, the run and its exit status; the run reads the files
-(:mod:`._check_files`, configured by :mod:`._check_config`), links them
-(:mod:`._check_link`) and writes what it found (:mod:`._check_output`).
+(:mod:`._files`, configured by :mod:`._config`), links them
+(:mod:`._link`) and writes what it found (:mod:`._output`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from poolkeeper._check_config import UsageError, check_clients
-from poolkeeper._check_files import read
-from poolkeeper._check_link import link
-from poolkeeper._check_output import write
+from poolkeeper._check._config import UsageError, check_clients
+from poolkeeper._check._files import read
+from poolkeeper._check._link import link
+from poolkeeper._check._output import write
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

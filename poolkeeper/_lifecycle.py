@@ -1,0 +1,916 @@
+"""The lifecycle rules of every singleton, sync and async, in one place.
+
+Everything that decides what happens to a client lives in this module:
+when to build, who waits, what is served, what is retired, what must be
+closed, what a forked child abandons. It does no I/O. It never calls the
+factory, a key, a close hook or ``after_fork``; it never waits and never
+logs. Each transition takes the lifecycle's lock, decides, records, and
+tells the driver (``_singleton`` for threads, ``_async`` for event loops)
+what to do next: serve this record, wait for this ticket, build now, or
+close these records. The data it keeps is in :mod:`poolkeeper._records`.
+
+:class:`Lifecycle` is one class, in sections: state and counters,
+requests and builds, leases, ends, changes and overrides, fork.
+
+Invariants (other modules refer to them as I1 ... I6):
+
+I1. Atomic by structure. A transition computes in locals and makes its
+    stores in one C call (``commit``), so an exception injected at any
+    line (a tracer) or after any call (a signal handler's
+    ``KeyboardInterrupt``) leaves the state as it was before the
+    transition or as it is after it, never half-way, however the code is
+    laid out. The lock is released on every way out (``locked``,
+    ``under``), even when the exception lands at the line event of a
+    ``with`` block's exit. Transitions that a driver may have to run again
+    after such an exception are idempotent.
+I2. Epochs. ``invalidate`` stores a new epoch, then reads ``armed``; an
+    arming call stores ``armed``, then reads the epoch. Under the GIL each
+    sees the other's store, so a change is never lost between a key's read
+    and the arming. Without the GIL the epoch moves under the lock.
+I3. Pins. A sync lease pins without the lock: it adds itself to the
+    record's ``pins``, then reads the record's ``open`` flag; a transition
+    that may retire the record clears ``open``, then reads the pins
+    (``_retire``). Under the GIL each sees the other's store. Without the
+    GIL ``open`` is never set, so every pin and unpin takes the lock.
+I4. One switch. The hit path is armed and disarmed only here, under the
+    lock: ``armed`` is set before arming and cleared after disarming, so
+    a cut between the two can only cost a redundant switch later.
+I5. Owed closes. A close decided here is in ``owed`` until a close claims
+    it (``claim``), which is the only way out of ``owed``: a close cut
+    short before it began is done later (``close_all()``) and none twice.
+I6. Fork. ``forget_parent`` takes no lock (another thread may have held
+    it at the fork), logs nothing and never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os
+import sys
+import threading
+from itertools import chain, starmap
+from operator import setitem
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Final,
+    Generic,
+    ParamSpec,
+    TypeVar,
+    cast,
+)
+
+from poolkeeper._records import (
+    ALL,
+    DONE,
+    Build,
+    ClientState,
+    Ended,
+    Holder,
+    Record,
+    Serve,
+    Slot,
+    Statistics,
+    Ticket,
+    Wait,
+    commit,
+    is_owned,
+    under,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+__all__ = [
+    "DONE",
+    "MAX_ROUNDS",
+    "Build",
+    "ClientState",
+    "Ended",
+    "Holder",
+    "Lifecycle",
+    "Record",
+    "Serve",
+    "Slot",
+    "Ticket",
+    "Wait",
+    "constant",
+    "gil",
+]
+
+T = TypeVar("T")
+L = TypeVar("L", bound="Lifecycle[Any]")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: How many builds for other keys a call waits out before giving up.
+MAX_ROUNDS: Final = 100
+
+# Epochs: each change of a subscribed variable stores a number never stored
+# before (next() on it is atomic), so an epoch that still equals the one a
+# call read means no change has been stored since. Not 0, the first epoch.
+epochs = itertools.count(1)
+
+
+class _Sink:
+    """Absorbs a state store aimed at no record (see ``_retire``)."""
+
+    __slots__ = ("leases", "open", "state")
+
+
+def locked(
+    method: Callable[Concatenate[L, P], R],
+) -> Callable[Concatenate[L, P], R]:
+    """Run a transition under its lifecycle's lock, as :func:`under` does.
+
+    Inlined here, one frame instead of two: an exception injected at the
+    line event of the ``with``'s exit (after the body, before ``__exit__``
+    runs) would leave the lock held, so the ``finally`` releases it then,
+    unless this thread held it before the call.
+    """
+
+    @functools.wraps(method)
+    def run(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        lock = self.lock
+        outer = is_owned(lock)
+        try:
+            with lock:
+                return method(self, *args, **kwargs)
+        finally:
+            if not outer and is_owned(lock):
+                lock.release()
+
+    return run
+
+
+def constant(obj: R) -> Callable[[], R]:
+    """Return a callable returning *obj*: a wake-up made ahead of request()."""
+    return lambda: obj
+
+
+def _free_threaded() -> bool:
+    """Whether this is a free-threaded build (configured --disable-gil).
+
+    Its ABI flags say so ("t"), where it has them (POSIX; Windows from
+    3.14); elsewhere sysconfig does (Py_GIL_DISABLED), at an import's cost.
+    """
+    abiflags = getattr(sys, "abiflags", None)
+    if abiflags is not None:
+        return "t" in abiflags
+    import sysconfig  # noqa: PLC0415 -- Windows before 3.14 only.
+
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+# A free-threaded build runs without the GIL, and sys._is_gil_enabled()
+# cannot tell: every extension module's import turns the GIL on, on every
+# thread, while its init runs, and off again after (and one not made for
+# such a build turns it on for good). What a singleton may rely on is
+# decided from the build instead.
+FREE_THREADED: Final = _free_threaded()
+
+
+def gil() -> bool:
+    """Whether this build always runs Python code under the GIL.
+
+    True on a default build. False on a free-threaded build: its GIL is
+    off, and whatever turns it on may turn it off again.
+    """
+    return not FREE_THREADED
+
+
+def _nothing(_client: object) -> None:
+    """The hit-path switch of a lifecycle that has no hit path."""
+
+
+class Lifecycle(Generic[T]):
+    """The state of one singleton, and every rule that changes it."""
+
+    # -- state and counters --------------------------------------------------
+
+    def __init__(  # noqa: PLR0913 -- one hook each.
+        self,
+        name: str,
+        *,
+        pushed: bool,
+        min_interval: float,
+        switch: Callable[[object], None] | None = None,
+        arm_polled: Callable[[Record[T]], None] | None = None,
+        arm_slot: Callable[[Record[T]], bool] | None = None,
+    ) -> None:
+        self.name = name
+        self.lock = threading.RLock()
+        # Lock-free steps rely on the GIL ordering every store and load
+        # (see I2, I3); without it they take the lock.
+        self.lock_free = gil()
+        # The key is pushed (no key, or keys.env): the hit path may be armed.
+        self.pushed = pushed
+        self.min_interval = min_interval
+        # Arms the hit path with a client, or disarms it with None; armed
+        # is what it was last armed with (see _arm and _disarm).
+        self.switch = switch or _nothing
+        # Arms the hit path of a polled key with a record: it serves that
+        # record's client while the key still returns what it was built for.
+        self.arm_polled = arm_polled
+        # The async driver's: arms the hit path of one slot (one event
+        # loop) with its live record, for a pushed key, and says whether
+        # it did; switch disarms it.
+        self.arm_slot = arm_slot
+        self.armed: object = None
+        self.slots: dict[object, Slot] = {}
+        self.overrides: tuple[tuple[object, object], ...] = ()
+        # Bumped by every change of a subscribed environment variable.
+        self.epoch = 0
+        self.fork_errors: list[BaseException] = []
+        # Closes decided but not started (see I5).
+        self.owed: tuple[Record[Any], ...] = ()
+        self._zero()
+
+    # The switch is a class attribute store (a stop-the-world update on
+    # free-threaded builds): skip it when it would change nothing. armed is
+    # set before arming and cleared after disarming, so an exception
+    # between the two steps can only cost a redundant switch later, never
+    # leave the hit path armed with armed saying otherwise.
+    # *record* is the live record a call is served, None for an override;
+    # *epoch*, the epoch at which that call read its key. A change that
+    # invalidate() stores meanwhile either sees armed set (and disarms
+    # under the lock) or is seen here before the switch (see invalidate).
+    def _arm(
+        self,
+        client: object,
+        record: Record[T] | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        if self.armed is client:
+            return
+        if record is not None and self.arm_slot is not None:
+            # Another loop may keep the arming: then armed stays as it was.
+            if self.pushed:
+                before, self.armed = self.armed, client
+                if self.epoch != epoch or not self.arm_slot(record):
+                    self.armed = before
+            return
+        self.armed = client
+        if epoch is not None and self.epoch != epoch:
+            self._disarm()
+            return
+        if record is None or self.pushed:
+            self.switch(client)
+        elif self.arm_polled is not None:
+            self.arm_polled(record)
+
+    def _disarm(self) -> None:
+        if self.armed is not None:
+            self.switch(None)
+            self.armed = None
+
+    def _zero(self) -> None:
+        # Counters are per process: a forked child starts from zero. The
+        # generation only grows, under the lock, within a process.
+        self.generation = 0
+        self.pid = os.getpid()
+        self.builds = 0
+        self.build_failures = 0
+        self.closes = 0
+        self.close_failures = 0
+        self.resets_refused = 0
+
+    def _retire(
+        self, slot: Slot, old: Record[Any] | None, keep: Record[Any] | None
+    ) -> tuple[tuple[Record[Any], ...], list[Record[Any]], ClientState, Any]:
+        """Decide *old*'s retirement; one store (below), nothing else.
+
+        Returns the slot's new retired tuple, what to close now, the state
+        to give *old* and the object to store it on (a sink when there is
+        no *old*), so the caller commits all of it in one ``commit``.
+
+        Its one store comes first: *old* is closed to lock-free pins before
+        its pins are read (see ``pin``). Cut short after it, *old* stays
+        live and its leases pin under the lock until ``pin`` opens it.
+        """
+        if old is None:
+            return slot.retired, [], ClientState.CLOSED, _Sink()
+        old.open = False
+        if old.leases or old.pins:
+            return (*slot.retired, old), [], ClientState.RETIRED, old
+        # A client still live elsewhere (the factory returned the same
+        # object again, or another loop shares it) is not closed now.
+        others = [r for r in self._holders() if r is not old]
+        if keep is not None:
+            others.append(keep)
+        out = [] if self._shared(old, others) else [old]
+        return slot.retired, out, ClientState.CLOSED, old
+
+    def _holders(self) -> Iterator[Record[Any]]:
+        for slot in self.slots.values():
+            if slot.live is not None:
+                yield slot.live
+            yield from slot.retired
+
+    @staticmethod
+    def _shared(record: Record[Any], others: Iterable[Record[Any]]) -> bool:
+        client = record.client
+        return any(r.client is client for r in others if r is not record)
+
+    @locked
+    def statistics(self, slot: Slot | None) -> Statistics:
+        """Return a snapshot; live fields describe *slot*."""
+        live = None if slot is None else slot.live
+        records = list(self._holders())
+        return Statistics(
+            builds=self.builds,
+            build_failures=self.build_failures,
+            closes=self.closes,
+            close_failures=self.close_failures,
+            generation=0 if live is None else live.generation,
+            key_fingerprint=None if live is None else live.fingerprint,
+            pid=self.pid,
+            leases=sum(r.leases + len(r.pins) for r in records),
+            pending_close=sum(len(s.retired) for s in self.slots.values()),
+            resets_refused=self.resets_refused,
+            is_overridden=bool(self.overrides),
+        )
+
+    # -- requests and builds -------------------------------------------------
+
+    @locked
+    def open_slot(
+        self, key: object, loop: Callable[[], object] | None
+    ) -> tuple[Slot, Slot | None]:
+        """Return the slot for *key*, making it if needed.
+
+        *loop* is the weak reference a new async slot keeps; an existing
+        slot whose loop is not the one *loop* refers to (a dead loop whose
+        id was reused) is replaced. Returns the slot and the slot it
+        replaced, if any, for the driver to drop.
+        """
+        slot = self.slots.get(key)
+        if slot is not None and (loop is None or slot.loop() is loop()):
+            return slot, None
+        self.slots[key] = new = Slot(key, loop)
+        return new, slot
+
+    @locked
+    def request(  # noqa: PLR0913, PLR0917 -- what a call knows.
+        self,
+        slot: Slot,
+        compared: Record[T] | None,
+        matched: bool,  # noqa: FBT001 -- whether *compared* matched.
+        key_hash: int,
+        key: object,
+        epoch: int,
+        owner: object,
+        new_done: Callable[[], object],
+    ) -> Serve | Wait | Build | None:
+        """Decide what a call for *key*, read at *epoch*, does next.
+
+        The caller compared *key* with the slot's live record, *compared*,
+        before, with no lock held (a key's ``__eq__`` is user code): it
+        *matched* or not. None means the live record changed meanwhile:
+        compare again.
+        """
+        live = slot.live
+        if live is not compared:
+            return None
+        if live is not None and matched:
+            # Arm only if no subscribed variable changed since the key was
+            # read; _arm checks again once it has stored armed.
+            if epoch == self.epoch and not self.overrides:
+                self._arm(live.client, live, epoch)
+            return Serve(live)
+        if slot.build is not None:
+            return Wait(slot.build)
+        ticket = Ticket(slot, key_hash, key, owner, new_done(), self.name)
+        slot.build = ticket
+        return Build(ticket)
+
+    @locked
+    def built(
+        self,
+        ticket: Ticket,
+        client: T,
+        fingerprint: str | None,
+        now: float,
+        doomed: list[Record[T]],
+    ) -> None:
+        """Make the built *client* live and retire the one it replaces.
+
+        Idempotent: a second call for the same ticket does nothing. What
+        must be closed is put in *doomed* in the same statement that
+        commits, so it cannot be lost between the two.
+        """
+        if ticket.finished:
+            return
+        # Replacing a live client disarms first: nobody may be served
+        # a client whose close has started.
+        self._disarm()
+        slot = ticket.slot
+        new: Record[T] = Record(client, ticket, self.generation + 1)
+        new.fingerprint, new.open = fingerprint, self.lock_free
+        build = None if slot.build is ticket else slot.build
+        if slot.dropped:
+            # The slot's loop ended (or a fork dropped it) meanwhile: the
+            # client goes unused, and is closed unless the factory returned
+            # an object live in another slot, which keeps it.
+            out = [] if self._shared(new, self._holders()) else [new]
+            owed, closed = (*self.owed, *out), ClientState.CLOSED
+            commit(
+                chain(
+                    starmap(
+                        setattr,
+                        (
+                            (new, "state", closed),
+                            (slot, "build", build),
+                            (ticket, "finished", True),
+                            (self, "owed", owed),
+                        ),
+                    ),
+                    starmap(setitem, ((doomed, ALL, out),)),
+                )
+            )
+            return
+        old = slot.live
+        retired, out, state, box = self._retire(slot, old, keep=new)
+        owed, builds = (*self.owed, *out), self.builds + 1
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", new),
+                        (slot, "build", build),
+                        (slot, "built_at", now),
+                        (slot, "retired", retired),
+                        (box, "state", state),
+                        (self, "generation", new.generation),
+                        (self, "builds", builds),
+                        (ticket, "record", new),
+                        (ticket, "finished", True),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(setitem, ((doomed, ALL, out),)),
+            )
+        )
+
+    @locked
+    def failed(self, ticket: Ticket, error: BaseException | None) -> None:
+        """Record a build that raised *error* (None: it was cancelled).
+
+        Every error is counted in ``build_failures`` (a ``KeyboardInterrupt``
+        too), except a cancellation. Only an ``Exception`` is raised in the
+        callers waiting for the build: anything else (``KeyboardInterrupt``,
+        ``SystemExit``, cancellation) concerns the builder alone, and its
+        waiters retry.
+        """
+        if ticket.finished:
+            return
+        counted = error is not None and not isinstance(
+            error, asyncio.CancelledError
+        )
+        if not isinstance(error, Exception):
+            error = None
+        slot = ticket.slot
+        build = None if slot.build is ticket else slot.build
+        failures = self.build_failures + counted
+        commit(
+            starmap(
+                setattr,
+                (
+                    (slot, "build", build),
+                    (self, "build_failures", failures),
+                    (ticket, "error", error),
+                    (ticket, "finished", True),
+                ),
+            )
+        )
+
+    @locked
+    def settle_unbegun(self, slot: Slot | None, done: object) -> bool:
+        """Settle the build of a call that unwinds before building.
+
+        A driver calls this when a call ends by an exception. If the slot's
+        build is still the one request() made for that call (its wake-up
+        is *done*) and is unfinished, the exception came between request()
+        and the build taking over, and nothing else would ever settle it:
+        it is settled as cancelled (its waiters retry). Returns whether it
+        was, for the driver to wake them.
+        """
+        ticket = None if slot is None else slot.build
+        if ticket is None or ticket.done is not done or ticket.finished:
+            return False
+        self.failed(ticket, None)
+        return True
+
+    # -- leases --------------------------------------------------------------
+
+    # The async lease's: *held* holds the record while the lease does, set
+    # and cleared in the commit that counts it. A signal's exception can land
+    # when these return (as the lock is released), before the caller sees
+    # what they did: *held* still says whether the lease is to be ended.
+
+    @locked
+    def lease(self, slot: Slot, record: Record[T], held: list[Any]) -> bool:
+        """Pin *record* if it is still live; return whether it was."""
+        if record is not slot.live or record.state is not ClientState.LIVE:
+            return False
+        commit(
+            chain(
+                starmap(setattr, ((record, "leases", record.leases + 1),)),
+                starmap(setitem, ((held, ALL, (record,)),)),
+            )
+        )
+        return True
+
+    @locked
+    def unlease(self, held: list[Any], doomed: list[Record[T]]) -> None:
+        """End the lease *held* holds, if any; idempotent.
+
+        A retired record whose last lease ends is doomed.
+        """
+        if not held:
+            return
+        record: Record[T] = held[0]
+        leases = record.leases - 1
+        if leases or record.pins or record.state is not ClientState.RETIRED:
+            commit(
+                chain(
+                    starmap(setattr, ((record, "leases", leases),)),
+                    starmap(setitem, ((held, ALL, ()),)),
+                )
+            )
+            return
+        retired, close = self._last_lease(record)
+        out = [] if close is None else [close]
+        r, owed, closed = record, (*self.owed, *out), ClientState.CLOSED
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (r, "leases", 0),
+                        (r, "state", closed),
+                        (r.slot, "retired", retired),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(
+                    setitem,
+                    (
+                        (doomed, ALL, out),
+                        (held, ALL, ()),
+                    ),
+                ),
+            )
+        )
+
+    # The sync lease's transitions. Its fast paths pin and unpin without
+    # the lock (see I3; a pin that finds the record open is seen by its
+    # retirement, one that finds it closed comes here). These are the
+    # slow paths: a pin after a miss or with the lock (no
+    # GIL), the end of the last lease of a retired record, and an end that
+    # was cut short.
+
+    def pin(self, slot: Slot, client: object, lease: Holder) -> bool:
+        """Pin *slot*'s live record if it holds *client*; say if it did.
+
+        Call with the lock held (through ``under``). The pinned record goes
+        to ``lease.pin`` in the commit that adds the pin.
+        """
+        record = slot.live
+        if (
+            record is None
+            or record.client is not client
+            or record.state is not ClientState.LIVE
+        ):
+            return False
+        # Live under the lock: no retirement is half-way, so a flag a
+        # retirement cut short left cleared opens again (never without
+        # the GIL: there every unpin takes the lock).
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (record, "open", self.lock_free),
+                        (lease, "pin", record),
+                    ),
+                ),
+                starmap(setitem, ((record.pins, lease, None),)),
+            )
+        )
+        return True
+
+    def unpin(self, lease: Holder) -> None:
+        """End *lease*'s pin, if it holds one; idempotent.
+
+        Call with the lock held (through ``under``). When this was the last
+        lease of a retired record, that record goes to ``lease.doomed``.
+        """
+        record = lease.pin
+        if not isinstance(record, Record):  # Not pinned, or already ended.
+            return
+        pins = record.pins
+        pins.pop(lease, None)
+        if pins or record.leases or record.state is not ClientState.RETIRED:
+            lease.pin = DONE
+            return
+        retired, close = self._last_lease(record)
+        owed = self.owed if close is None else (*self.owed, close)
+        commit(
+            starmap(
+                setattr,
+                (
+                    (record, "leases", 0),
+                    (record, "state", ClientState.CLOSED),
+                    (record.slot, "retired", retired),
+                    (lease, "pin", DONE),
+                    (lease, "doomed", close),
+                    (self, "owed", owed),
+                ),
+            )
+        )
+
+    def _last_lease(
+        self, record: Record[T]
+    ) -> tuple[tuple[Record[Any], ...], Record[T] | None]:
+        """Decide the close of a retired *record* whose last lease ends.
+
+        Returns its slot's new retired tuple and the record to close, or
+        None when another holder shares the client; mutates nothing.
+        """
+        retired = tuple(r for r in record.slot.retired if r is not record)
+        shared = self._shared(record, self._holders())
+        return retired, None if shared else record
+
+    # -- ends ----------------------------------------------------------------
+
+    @locked
+    def close_slot(self, slot: Slot, doomed: list[Record[Any]]) -> None:
+        """Retire everything *slot* holds, leased or not, and forget it.
+
+        For a loop that ends: its clients are closed even if leased.
+        """
+        self._disarm()
+        out = [r for r in (slot.live, *slot.retired) if r is not None]
+        rest = [r for r in self._holders() if r not in out]
+        # One close per object: the slot may hold an object twice (a
+        # leased client the factory returned again), or share it with
+        # another slot, which then keeps it.
+        close: list[Record[Any]] = []
+        for record in out:
+            if not self._shared(record, (*rest, *close)):
+                close.append(record)
+        # And the slot's closes owed from before: decided, then cut short
+        # before they began (a signal between deciding and awaiting them).
+        # The loop's end is their last chance.
+        close.extend(r for r in self.owed if r.slot is slot)
+        for record in out:
+            record.open, record.state = False, ClientState.CLOSED
+        if self.slots.get(slot.key) is slot:
+            del self.slots[slot.key]
+        kept = (r for r in self.owed if r.slot is not slot)
+        owed = (*kept, *close)
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", None),
+                        (slot, "retired", ()),
+                        (slot, "dropped", True),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(setitem, ((doomed, ALL, close),)),
+            )
+        )
+
+    @locked
+    def reset(self, slot: Slot, now: float, doomed: list[Record[T]]) -> bool:
+        """Retire *slot*'s live client unless rate-limited; say if it was."""
+        live = slot.live
+        if live is None:
+            return False
+        if now - slot.built_at < self.min_interval:
+            self.resets_refused += 1
+            return False
+        self._disarm()
+        retired, out, state, box = self._retire(slot, live, keep=None)
+        owed = (*self.owed, *out)
+        commit(
+            chain(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", None),
+                        (slot, "retired", retired),
+                        (box, "state", state),
+                        (self, "owed", owed),
+                    ),
+                ),
+                starmap(setitem, ((doomed, ALL, out),)),
+            )
+        )
+        return True
+
+    @locked
+    def detach(self, doomed: list[Record[T]]) -> None:
+        """Retire every slot's live client, ignoring the rate limit."""
+        self._disarm()
+        out: list[Record[T]] = []
+        for slot in list(self.slots.values()):
+            live = slot.live
+            if live is None:
+                continue
+            retired, more, state, box = self._retire(slot, live, None)
+            owed = (*self.owed, *more)
+            commit(
+                starmap(
+                    setattr,
+                    (
+                        (slot, "live", None),
+                        (slot, "retired", retired),
+                        (box, "state", state),
+                        (self, "owed", owed),
+                    ),
+                )
+            )
+            out.extend(more)
+        doomed[:] = out
+
+    @locked
+    def claim(
+        self, record: Record[Any], taken: list[Record[Any]] | None = None
+    ) -> bool:
+        """Take *record*'s owed close; False if another close took it.
+
+        With *taken*, the record goes there in the commit that takes it: a
+        signal's exception can land after this returns and before its
+        caller sees True (when the lock's release returns), and the caller
+        still knows it holds the close (see ``Closer._start``).
+        """
+        owed = self.owed
+        rest = tuple(r for r in owed if r is not record)
+        if len(rest) == len(owed):
+            return False
+        if taken is None:
+            commit(starmap(setattr, ((self, "owed", rest),)))
+            return True
+        commit(
+            chain(
+                starmap(setattr, ((self, "owed", rest),)),
+                starmap(setitem, ((taken, ALL, (record,)),)),
+            )
+        )
+        return True
+
+    @locked
+    def owe(self, record: Record[Any]) -> None:
+        """Owe *record*'s close again: claimed, it never began."""
+        if not self.owes(record):
+            self.owed = (*self.owed, record)
+
+    def owes(self, record: Record[Any]) -> bool:
+        """Whether *record*'s close is owed: decided, not yet claimed."""
+        return any(r is record for r in self.owed)
+
+    def owed_besides(self, doomed: list[Record[Any]]) -> list[Record[Any]]:
+        """The closes owed from before that are not among *doomed* (I5).
+
+        Lock-free: ``owed`` is replaced in one store. A driver closes these
+        with *doomed*: each close claims its record, so none runs twice.
+        """
+        return [r for r in self.owed if all(r is not d for d in doomed)]
+
+    def holds_on(self, loop: object) -> bool:
+        """Whether *loop*'s slot has a client live or owed a close.
+
+        The async driver keys an event loop's slot by ``id(loop)``; a slot
+        left by a collected loop whose id was reused is not *loop*'s.
+        Lock-free: each attribute is read once.
+        """
+        slot = self.slots.get(id(loop))
+        if slot is None or slot.loop is None or slot.loop() is not loop:
+            return False
+        return slot.live is not None or any(r.slot is slot for r in self.owed)
+
+    def holders(self) -> list[Record[Any]]:
+        """The records holding a client: each slot's live and retired ones.
+
+        Lock-free: the slots and each slot's retired records are copied in
+        one C call before they are read.
+        """
+        return [
+            record
+            for slot in list(self.slots.values())
+            for record in (slot.live, *slot.retired)
+            if record is not None
+        ]
+
+    @locked
+    def closed(self, *, ok: bool) -> None:
+        """Count a close that ran (*ok*) or failed."""
+        if ok:
+            self.closes += 1
+        else:
+            self.close_failures += 1
+
+    # -- changes and overrides -----------------------------------------------
+
+    def invalidate(self) -> None:
+        """A subscribed key changed: disarm and outdate keys read before.
+
+        Runs on every write of a subscribed variable, so it is quick: the
+        epoch moves first, in one store, then an armed hit path is disarmed
+        under the lock, before the write returns. A call arming meanwhile
+        (request, under the lock) stores ``armed`` first and reads the
+        epoch after, before it switches the hit path on; this stores the
+        epoch first and reads ``armed`` after. Under the GIL each sees the
+        other's store: either this disarms that arming, or that arming
+        sees the new epoch and does not switch. Without the GIL, the epoch
+        moves under the lock (taken by ``under``, which releases it on every
+        way out).
+        """
+        if self.lock_free:
+            self.epoch = next(epochs)
+        else:
+            under(self.lock, self._next_epoch)
+        if self.armed is not None:
+            under(self.lock, self._disarm)
+
+    def _next_epoch(self) -> None:
+        self.epoch = next(epochs)
+
+    def subscribed(self) -> None:
+        """The key's changes are pushed from now on: the hit path may arm.
+
+        Said once, by the decorator, before the singleton can be called.
+        """
+        self.pushed = True
+
+    @locked
+    def push_override(self, token: object, obj: object) -> None:
+        """Serve *obj* until the override named *token* is popped."""
+        self.overrides = (*self.overrides, (token, obj))
+        if self.pushed:
+            self._arm(obj)
+        else:
+            self._disarm()
+
+    @locked
+    def pop_override(self, token: object) -> None:
+        """End the override named *token*, wherever it is in the stack.
+
+        Idempotent. Disarms first: cut short before its commit, the
+        override is still there (``holds_override``) and a second pop ends
+        it; the hit path is never left armed with a popped stand-in.
+        """
+        self._disarm()
+        self.overrides = tuple(o for o in self.overrides if o[0] is not token)
+
+    def override(self) -> tuple[()] | tuple[T]:
+        """Overrides win: the newest override's object in a 1-tuple, or ().
+
+        Lock-free: ``overrides`` is replaced in one store, so one read of it
+        is a stack that was pushed. Every path that serves a client asks
+        this first (``if won := life.override(): return won[0]``); the paths
+        every call takes guard it with ``life.overrides and``, so that no
+        frame is added while nothing is overridden.
+        """
+        overrides = self.overrides
+        return (cast("T", overrides[-1][1]),) if overrides else ()
+
+    def holds_override(self, token: object) -> bool:
+        """Whether the override named *token* is still pushed."""
+        return any(t is token for t, _ in self.overrides)
+
+    # -- fork ----------------------------------------------------------------
+
+    def forget_parent(self, *, keep: bool) -> list[Record[Any]]:
+        """In a forked child: fresh lock, no builds; abandon unless *keep*.
+
+        Takes no lock (another thread of the parent may have held it at the
+        fork) and returns the abandoned records, never to be closed.
+        """
+        self.lock = threading.RLock()
+        self.switch(None)
+        self.armed = None
+        self.owed = ()  # The parent's to close, never the child's.
+        for slot in self.slots.values():
+            slot.build = None
+        if keep:
+            self.pid = os.getpid()
+            return []
+        abandoned = list(self._holders())
+        for record in abandoned:
+            record.open, record.state = False, ClientState.ABANDONED
+        for slot in self.slots.values():
+            slot.live, slot.retired, slot.built_at = None, (), float("-inf")
+            slot.dropped = slot.key is not None
+        self.slots = {k: s for k, s in self.slots.items() if k is None}
+        self._zero()
+        return abandoned
