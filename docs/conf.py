@@ -79,10 +79,8 @@ nitpick_ignore = [
     # no page of its own.
     ("py:class", "T"),
     ("py:class", "poolkeeper._decorator.T"),
-    ("py:class", "poolkeeper._singleton.T"),
+    ("py:class", "poolkeeper._sync.T"),
     ("py:class", "poolkeeper._async.T"),
-    ("py:class", "poolkeeper._sync_methods.T"),
-    ("py:class", "poolkeeper._async_methods.T"),
     ("py:class", "poolkeeper._identity.T"),
     # The private classes typing what process_singleton(...) returns when
     # called with options (a decorator); they are not public API, and the

@@ -6,8 +6,8 @@ from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._records import Statistics
 from poolkeeper._registry import aclose_all, close_all
-from poolkeeper._singleton import ProcessSingleton
 from poolkeeper._sockets import release_sockets
+from poolkeeper._sync import ProcessSingleton
 from poolkeeper._watch import unwatch, watch
 from poolkeeper.exceptions import (
     PoolkeeperError,

@@ -3,38 +3,47 @@
 One client per process *and* event loop: async clients bind to the loop
 they were built on, so each loop has a slot of its own in the lifecycle,
 and a retired client is closed on its own loop, never on another one.
-When a loop ends, its slot closes with it (``_loop_end``). The hit path of
-a pushed key is armed for one loop at a time (``_loop_hit``); this class's
-``__call__`` is the slow path.
+When a loop ends, its slot closes with it, and the hit path of a pushed
+key is armed for one loop at a time (both in ``_loops``); this class's
+``__call__`` is the slow path. Beside the await: ``reset``, ``lease``,
+``current``, ``statistics``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import weakref
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
-from poolkeeper import _loop_end, _loop_hit
-from poolkeeper._async_methods import AsyncMethods
-from poolkeeper._close import _LOOP_HINT, Closer, arun_each
-from poolkeeper._close_anywhere import aclose_here
-from poolkeeper._drive import BuildRun, log_built
+from poolkeeper import _loops
+from poolkeeper._builds import (
+    BuildRun,
+    aended,
+    building,
+    log_built,
+    read_key,
+    rounds,
+    waiting,
+)
+from poolkeeper._close import _LOOP_HINT, Closer, aclose_here, arun_each
 from poolkeeper._identity import (
     Identity,
     no_arguments,
     report_fork_errors,
+    too_many_rounds,
 )
-from poolkeeper._lifecycle import Build, Lifecycle, Serve
-from poolkeeper._rounds import read_key, rounds
-from poolkeeper._waits import aended, building, waiting
+from poolkeeper._lease import warn_dropped
+from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import AsyncGenerator, Callable, Coroutine
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
+    from poolkeeper._records import Statistics
 
     _Base = wrapt.ObjectProxy[Any]
 else:
@@ -44,7 +53,7 @@ T = TypeVar("T")
 
 
 @final
-class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
+class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     """An ``async def`` factory turned into a per-process, per-loop singleton.
 
     Made by :func:`~poolkeeper.process_singleton` on an ``async def``
@@ -104,7 +113,7 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
                 live is not None
                 and live.sequence == sequence
                 and slot.loop() is loop
-                and _loop_hit.kept(type(self), loop)
+                and _loops.kept(type(self), loop)
             ):
                 return cast("T", live.client)
         return (await self._acquire()).client
@@ -127,13 +136,13 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
         slot, stale = life.open_slot(id(loop), weakref.ref(loop))
         lost: list[Record[T]] = []
         if stale is not None:
-            _loop_end.drop(life, stale, lost)
-        _loop_end.prune(life, lost)
+            _loops.drop(life, stale, lost)
+        _loops.prune(life, lost)
         for record in lost:
             self._self_closer.unclosed(
                 record, "its event loop was closed first", _LOOP_HINT
             )
-        _loop_end.hook(life, self._self_closer, slot)
+        _loops.hook(life, self._self_closer, slot)
         return slot
 
     # -- calls --------------------------------------------------------------
@@ -186,7 +195,7 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
     async def _build(
         self, ticket: Ticket, loop: asyncio.AbstractEventLoop
     ) -> None:
-        # As in the sync driver (see _drive). A cancelled builder is no
+        # As in the sync driver (see _builds). A cancelled builder is no
         # failure: its waiters retry, one of them building.
         keyed = self._self_key is not None
         run: BuildRun[T] = BuildRun(
@@ -207,6 +216,103 @@ class AsyncProcessSingleton(Identity[T], AsyncMethods[T], _Base, Generic[T]):
         closer = self._self_closer
         await arun_each(
             functools.partial(aclose_here, closer, r) for r in doomed
+        )
+
+    # -- beside the call ----------------------------------------------------
+
+    async def reset(self) -> bool:
+        """Retire the running loop's live client; the next await rebuilds.
+
+        Within *min_rebuild_interval* seconds of the last build on this
+        loop nothing is retired.
+
+        Returns:
+            Whether a client was retired.
+        """
+        slot = self._slot()
+        now = asyncio.get_running_loop().time()
+        doomed: list[Record[T]] = []
+        try:
+            return self._self_life.reset(slot, now, doomed)
+        finally:
+            await self._close(doomed)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncGenerator[T, None]:
+        """Pin the running loop's live client for an ``async with`` block.
+
+        Yields:
+            The live client; if it is retired meanwhile, its close waits
+            until the last lease on it exits.
+        """
+        life = self._self_life
+        if won := life.override():
+            yield won[0]
+            return
+        # The leased record, set and cleared under the lock by the lines
+        # that count the lease (see Lifecycle.lease).
+        held: list[Record[T]] = []
+        try:
+            for _ in range(MAX_ROUNDS):
+                candidate = await self._acquire()
+                if life.lease(candidate.slot, candidate, held):
+                    break
+            else:
+                raise too_many_rounds(self._self_name, "lease")
+            yield held[0].client
+        except GeneratorExit:
+            # Closed at the yield, never exited: collected (the loop's
+            # async generator finalizer) or its loop ended. It ends now.
+            warn_dropped(self._self_name)
+            raise
+        finally:
+            # Each layer ends the lease if an exception cut the one before
+            # short (unlease is idempotent), then the doomed are closed.
+            doomed: list[Record[T]] = []
+            try:
+                try:
+                    life.unlease(held, doomed)
+                finally:
+                    life.unlease(held, doomed)
+            finally:
+                await self._close(doomed)
+
+    def current(self) -> T | None:
+        """Return the running loop's live client without building one.
+
+        Returns:
+            The client, or ``None`` (also when no loop is running).
+        """
+        if won := self._self_life.override():
+            return won[0]
+        slot = self._running_slot()
+        live = None if slot is None else slot.live
+        return None if live is None else live.client
+
+    def _running_slot(self) -> Slot | None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        slot = self._self_life.slots.get(id(loop))
+        if slot is None or slot.loop is None or slot.loop() is not loop:
+            return None
+        return slot
+
+    def statistics(self) -> Statistics:
+        """Return counters over all loops; live fields for the running one.
+
+        Returns:
+            An immutable snapshot.
+        """
+        return self._self_life.statistics(self._running_slot())
+
+    def __repr__(self) -> str:
+        """Name the factory and the number of loops served."""
+        life = self._self_life
+        return (
+            f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
+            f"({len(life.slots)} loops, pid {life.pid})>"
         )
 
 

@@ -1,11 +1,22 @@
-"""process_singleton(): its typed signatures, then a sync or async singleton.
+"""process_singleton(): its typed signatures, its checks, the singleton made.
 
-The validation of its arguments is in ``_options``.
+For callers without a type checker, a bad option, key or factory fails at
+decoration time with a message naming it and the fix (``validate_*``).
+
+Each singleton is an instance of a subclass of its own, so that its hit
+path can be switched by one class-attribute store (the sync driver arms a
+singleton's class, ``_loops`` an async one's). Both drivers are wired the
+same way around their lifecycle (``make``, ``make_async``): a close path,
+an entry in the registry (the fork hook, ``close_all()``) and, for a key
+whose changes are pushed (``keys.env``, ``keys.file``), a subscription.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import (
     TYPE_CHECKING,
@@ -20,22 +31,20 @@ from typing import (
     overload,
 )
 
-from poolkeeper._make import make, make_async
-from poolkeeper._options import (
-    validate_factory,
-    validate_key,
-    validate_options,
-    validate_positional,
-)
-
-if TYPE_CHECKING:
-    from poolkeeper._async import AsyncProcessSingleton
-    from poolkeeper._singleton import ProcessSingleton
+from poolkeeper import _loops, _registry, keys
+from poolkeeper._async import AsyncProcessSingleton
+from poolkeeper._close import Closer
+from poolkeeper._filekeys import FileKey
+from poolkeeper._lease import lease_class
+from poolkeeper._lifecycle import Lifecycle
+from poolkeeper._sync import ProcessSingleton, _slow_call, arm_polled, switch
+from poolkeeper.keys import EnvKey, KeyTuple
 
 T = TypeVar("T")
 # The client type a close= or after_fork= hook accepts: a hook for a wider
 # type (``object``) fits any factory, so decorators vary contravariantly.
 C_contra = TypeVar("C_contra", contravariant=True)
+S = TypeVar("S", ProcessSingleton[Any], AsyncProcessSingleton[Any])
 
 _OPTIONS = ("after_fork", "close", "fork", "key", "min_rebuild_interval")
 
@@ -224,3 +233,251 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     if factory is None:
         return cast("_Decorator", decorate)
     return decorate(factory)
+
+
+# -- checks --------------------------------------------------------------
+
+
+def validate_options(
+    close: object, after_fork: object, fork: object, interval: object
+) -> None:
+    """Validate the hooks, *fork* and the rebuild interval."""
+    # Typed as object: this validation is for callers without a type checker.
+    for option, hook in (("close", close), ("after_fork", after_fork)):
+        if hook is not None and not callable(hook):
+            msg = (
+                f"process_singleton({option}=...) must be a callable taking "
+                f"the client, got {type(hook).__name__}."
+            )
+            raise TypeError(msg)
+    if fork not in ("rebuild", "keep"):
+        msg = (
+            f"process_singleton(fork=...) must be 'rebuild' or 'keep', "
+            f"got {fork!r}."
+        )
+        raise ValueError(msg)
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or not interval >= 0
+    ):
+        msg = (
+            "process_singleton(min_rebuild_interval=...) must be a number "
+            f"of seconds >= 0, got {interval!r}."
+        )
+        raise ValueError(msg)
+
+
+def validate_positional(factory: object) -> None:
+    """Refuse a key passed where the factory goes: options are keywords."""
+    parts = cast(
+        "tuple[object, ...]",
+        factory if isinstance(factory, tuple) else (factory,),
+    )
+    if parts and all(
+        isinstance(p, (EnvKey, FileKey, KeyTuple)) for p in parts
+    ):
+        msg = (
+            f"process_singleton() got the key {factory!r} as its factory: "
+            "its options are keyword-only, write "
+            f"@process_singleton(key={factory!r})."
+        )
+        raise TypeError(msg)
+
+
+def validate_key(key: object) -> Callable[[], object] | None:
+    """Validate *key*; return it as one function (a tuple combined) or None."""
+    if key is None:
+        return None
+    parts = cast(
+        "tuple[object, ...]", key if isinstance(key, tuple) else (key,)
+    )
+    if not parts:
+        msg = "process_singleton(key=()) needs at least one key function."
+        raise TypeError(msg)
+    for part in parts:
+        if not callable(part):
+            msg = (
+                "process_singleton(key=...) takes a function returning the "
+                "configuration's key, or a tuple of such functions, got "
+                f"{type(part).__name__}; for environment variables use "
+                "poolkeeper.keys.env('NAME', ...)."
+            )
+            raise TypeError(msg)
+    if len(parts) == 1:
+        return cast("Callable[[], object]", parts[0])
+    return _combine(cast("tuple[Callable[[], object], ...]", parts))
+
+
+def validate_factory(factory: object) -> bool:
+    """Validate *factory*; return whether it is an ``async def`` one."""
+    if not callable(factory):
+        msg = (
+            "@process_singleton decorates a function that builds the "
+            f"client, got a {type(factory).__name__}."
+        )
+        raise TypeError(msg)
+    name = getattr(factory, "__qualname__", repr(factory))
+    if inspect.isasyncgenfunction(factory):
+        msg = (
+            f"{name} is an async generator; a singleton factory returns "
+            "the client: use `async def` with `return`."
+        )
+        raise TypeError(msg)
+    if inspect.isgeneratorfunction(factory):
+        msg = (
+            f"{name} is a generator function; a singleton factory returns "
+            "the client: use `return`, not `yield`, and pass close= to "
+            "say how a retired client is closed."
+        )
+        raise TypeError(msg)
+    is_async = inspect.iscoroutinefunction(factory)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return is_async  # Builtins without a signature: trust the caller.
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        msg = (
+            f"{name} takes required parameters ({', '.join(required)}), but "
+            "a singleton factory is called with none; read the "
+            "configuration inside it (and key on it), or bind it with "
+            "functools.partial."
+        )
+        raise TypeError(msg)
+    return is_async
+
+
+def _combine(
+    parts: tuple[Callable[[], object], ...],
+) -> Callable[[], object]:
+    """Combine key functions into one returning a tuple of their values.
+
+    Environment keys alone merge into one ``keys.env`` key; any other mix
+    is a :class:`~poolkeeper.keys.KeyTuple`, pushed when every part is.
+    """
+    env_parts = [p for p in parts if isinstance(p, EnvKey)]
+    if len(env_parts) == len(parts):
+        return EnvKey(
+            tuple(dict.fromkeys(n for p in env_parts for n in p.names))
+        )
+    return KeyTuple(parts)
+
+
+# -- the singleton made --------------------------------------------------
+
+
+def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
+    factory: Callable[[], T],
+    *,
+    key: Callable[[], object] | None,
+    close: Callable[[T], object] | None,
+    after_fork: Callable[[T], object] | None,
+    fork: str,
+    min_rebuild_interval: float,
+) -> ProcessSingleton[T]:
+    """Return a new thread singleton for *factory*."""
+    single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
+    own = type(single)
+    name = _name(factory)
+    # Where the polled hit path finds the key (see _sync.arm_polled).
+    type.__setattr__(own, "_poolkeeper_key", key)
+    # The lifecycle outlives a dropped singleton (the registry holds it),
+    # so it holds the singleton's class weakly: the class's polled
+    # __call__ holds the key, and a key may reach the singleton.
+    cls: weakref.ReferenceType[type] = weakref.ref(own)
+    life: Lifecycle[T] = Lifecycle(
+        name,
+        pushed=key is None,
+        min_interval=min_rebuild_interval,
+        switch=functools.partial(switch, cls, name, _slow_call),
+        arm_polled=None
+        if key is None
+        else functools.partial(arm_polled, cls, _slow_call),
+    )
+    slot = single._self_slot = life.open_slot(None, None)[0]
+    closer = Closer(life, close, is_async=False)
+    _wire(single, name, key, life, closer)
+    # Making a lease runs no Python code: lease() is replaced by this
+    # singleton's own lease class.
+    leases = lease_class(single, life, slot, closer, name)
+    type.__setattr__(own, "lease", leases)
+    entry = _registry.Entry(life, closer, after_fork, keep=fork == "keep")
+    _register(single, key, entry)
+    return single
+
+
+def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
+    factory: Callable[[], Coroutine[Any, Any, T]],
+    *,
+    key: Callable[[], object] | None,
+    close: Callable[[T], object] | None,
+    after_fork: Callable[[T], object] | None,
+    fork: str,
+    min_rebuild_interval: float,
+) -> AsyncProcessSingleton[T]:
+    """Return a new per-loop singleton for the ``async def`` *factory*."""
+    single: AsyncProcessSingleton[T] = _own(AsyncProcessSingleton, factory)
+    name = _name(factory)
+    # Held weakly, as for a thread singleton.
+    cls: weakref.ReferenceType[type] = weakref.ref(type(single))
+    life: Lifecycle[T] = Lifecycle(
+        name,
+        pushed=key is None,
+        min_interval=min_rebuild_interval,
+        switch=functools.partial(_loops.disarm, cls),
+        arm_slot=functools.partial(_loops.arm, cls, weakref.ref(single), name),
+    )
+    single._self_seen = (-1, None, 0)
+    closer = Closer(life, close, is_async=True)
+    _wire(single, name, key, life, closer)
+    entry = _registry.Entry(
+        life,
+        closer,
+        after_fork,
+        keep=fork == "keep",
+        prune=functools.partial(_loops.prune, life),
+    )
+    _register(single, key, entry)
+    return single
+
+
+def _own(cls: type[S], factory: object) -> S:
+    """Wrap *factory* in an instance of a subclass of *cls* of its own."""
+    own = type(cls.__name__, (cls,), {"__module__": cls.__module__})
+    return cast("S", own(factory))
+
+
+def _name(factory: object) -> str:
+    return getattr(factory, "__qualname__", repr(factory))
+
+
+def _wire(
+    single: ProcessSingleton[T] | AsyncProcessSingleton[T],
+    name: str,
+    key: Callable[[], object] | None,
+    life: Lifecycle[T],
+    closer: Closer,
+) -> None:
+    # wrapt keeps attributes named _self_* on the proxy itself.
+    single._self_name = name
+    single._self_key = key
+    single._self_life = life
+    single._self_closer = closer
+
+
+def _register(
+    single: ProcessSingleton[T] | AsyncProcessSingleton[T],
+    key: Callable[[], object] | None,
+    entry: _registry.Entry,
+) -> None:
+    _registry.register(single, entry)
+    # Changes of keys.env and keys.file keys (and tuples of them) are
+    # pushed, not polled: the hit path stays armed until one changes.
+    if key is not None and keys.subscribe(key, entry.life):
+        entry.life.subscribed()

@@ -43,7 +43,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
-from poolkeeper._close_anywhere import close_soon
+from poolkeeper._close import close_soon
 from poolkeeper._identity import too_many_rounds
 from poolkeeper._lifecycle import (
     DONE,

@@ -5,7 +5,7 @@ when to build, who waits, what is served, what is retired, what must be
 closed, what a forked child abandons. It does no I/O. It never calls the
 factory, a key, a close hook or ``after_fork``; it never waits and never
 logs. Each transition takes the lifecycle's lock, decides, records, and
-tells the driver (``_singleton`` for threads, ``_async`` for event loops)
+tells the driver (``_sync`` for threads, ``_async`` for event loops)
 what to do next: serve this record, wait for this ticket, build now, or
 close these records. The data it keeps is in :mod:`poolkeeper._records`.
 

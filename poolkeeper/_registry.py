@@ -20,12 +20,13 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _adapters, _environ, _filekeys, _waits
-from poolkeeper._close import arun_each, run_each
-from poolkeeper._close_anywhere import (
+from poolkeeper import _adapters, _builds, _environ, _filekeys
+from poolkeeper._close import (
     aclose_anywhere,
+    arun_each,
     close_anywhere,
     close_soon,
+    run_each,
 )
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import ClientState
@@ -245,7 +246,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     _filekeys.after_fork_in_child()
     _environ.after_fork_in_child()
-    _waits.forget()
+    _builds.forget()
     for entry in list(_entries):
         try:
             inherited = entry.life.forget_parent(keep=entry.keep)

@@ -21,7 +21,7 @@ from attack import AfterCall, no_collector
 from helpers import GIL_PARAMS, Factory, made_as_free_threaded
 
 from poolkeeper import close_all, process_singleton
-from poolkeeper._singleton import ProcessSingleton
+from poolkeeper._sync import ProcessSingleton
 
 #: More calls than any path swept here makes.
 MOST = 60
@@ -64,7 +64,7 @@ class TestBuildCutAfterACall:
         """A Ctrl-C after any call of a build: its client is never lost.
 
         A client the factory returned must end up live or closed (the
-        build's own promise, see ``_drive``); cut right after the factory
+        build's own promise, see ``_builds``); cut right after the factory
         returned, before the driver stored it, it was neither.
         """
         code = ProcessSingleton._build.__code__
@@ -181,17 +181,15 @@ def _lease_class():
 
 
 def _codes():
+    from poolkeeper._builds import BuildRun, rounds
     from poolkeeper._close import Closer
-    from poolkeeper._drive import BuildRun
     from poolkeeper._lifecycle import Lifecycle
-    from poolkeeper._rounds import rounds
-    from poolkeeper._sync_methods import SyncMethods
 
     return {
         "_acquire": ProcessSingleton._acquire.__code__,
         "rounds": rounds.__code__,
         "_close": ProcessSingleton._close.__code__,
-        "reset": SyncMethods.reset.__code__,
+        "reset": ProcessSingleton.reset.__code__,
         "Lifecycle.reset": Lifecycle.reset.__wrapped__.__code__,
         "locked": Lifecycle.reset.__code__,
         "Closer._start": Closer._start.__code__,
@@ -293,8 +291,7 @@ class TestWatchedWriteCutAfterACall:
 
 def _async_codes():
     from poolkeeper._async import AsyncProcessSingleton
-    from poolkeeper._async_methods import AsyncMethods
-    from poolkeeper._close_anywhere import aclose_here
+    from poolkeeper._close import aclose_here
     from poolkeeper._lifecycle import Lifecycle
 
     return {
@@ -302,8 +299,8 @@ def _async_codes():
         "_acquire": AsyncProcessSingleton._acquire.__code__,
         "_close": AsyncProcessSingleton._close.__code__,
         "aclose_here": aclose_here.__code__,
-        "reset": AsyncMethods.reset.__code__,
-        "lease": AsyncMethods.lease.__wrapped__.__code__,
+        "reset": AsyncProcessSingleton.reset.__code__,
+        "lease": AsyncProcessSingleton.lease.__wrapped__.__code__,
         "locked": Lifecycle.lease.__code__,
     }
 

@@ -351,7 +351,7 @@ class TestRunningLoopVariant:
     @pytest.fixture(autouse=True)
     def _ask_asyncio(self, monkeypatch):
         """Arm with the variant 3.12+ uses: asyncio names the running loop."""
-        monkeypatch.setattr("poolkeeper._loop_hit._BY_THREAD", False)
+        monkeypatch.setattr("poolkeeper._loops._BY_THREAD", False)
 
     def test_serves_only_its_own_loop(self, single):
         """Two running loops and a cross-loop await: each loop's own client."""

@@ -167,9 +167,7 @@ class TestReset:
     def test_min_rebuild_interval_refuses_early_resets(self, monkeypatch):
         """reset() within the interval of a build retires nothing."""
         now = [1000.0]
-        monkeypatch.setattr(
-            "poolkeeper._singleton.time.monotonic", lambda: now[0]
-        )
+        monkeypatch.setattr("poolkeeper._sync.time.monotonic", lambda: now[0])
         factory = Factory()
         single = process_singleton(min_rebuild_interval=30)(factory)
         client = single()

@@ -10,7 +10,7 @@ from helpers import WAIT, FakeClient, LoopThread
 
 from poolkeeper import (
     UnclosedClientWarning,
-    _close_anywhere,
+    _close,
     aclose_all,
     close_all,
     process_singleton,
@@ -249,7 +249,7 @@ class TestCrossLoopTimeout:
     @pytest.mark.parametrize("shutdown", [close_all, _aclose_all_now])
     def test_gives_up_on_a_slow_close_elsewhere(self, monkeypatch, shutdown):
         """Shutdown waits a bounded time for another loop's close."""
-        monkeypatch.setattr(_close_anywhere, "CROSS_LOOP_CLOSE_SECONDS", 0.1)
+        monkeypatch.setattr(_close, "CROSS_LOOP_CLOSE_SECONDS", 0.1)
         single, _ = async_single()
         other = LoopThread()
         try:
@@ -270,7 +270,7 @@ class TestCrossLoopTimeout:
         self, monkeypatch
     ):
         """A close on a helper thread is waited for a bounded time."""
-        monkeypatch.setattr(_close_anywhere, "CROSS_LOOP_CLOSE_SECONDS", 0.1)
+        monkeypatch.setattr(_close, "CROSS_LOOP_CLOSE_SECONDS", 0.1)
         gate = threading.Event()
 
         def slow(client):

@@ -7,7 +7,7 @@ import threading
 from helpers import WAIT, Factory, blocked_in
 
 from poolkeeper import process_singleton
-from poolkeeper._waits import POLL
+from poolkeeper._builds import POLL
 
 
 class TestLongWait:

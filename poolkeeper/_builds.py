@@ -1,0 +1,405 @@
+"""What both drivers do alike: ask, wait for a build, run a build.
+
+Three parts, each one rule for the sync driver (``_sync``: threads and
+events) and the async one (``_async``: tasks and futures):
+
+- **The request loop** (:func:`rounds`). A call asks the lifecycle what to
+  do next (:meth:`Lifecycle.request`) and acts on the answer until it is
+  served: it yields each step for the driver to carry out (a ``Build`` to
+  run, a ``Wait`` to wait out, an error to raise) and ends with the
+  ``Serve`` that answers the call. It never calls the factory, never waits
+  and never closes. It reads the key again after a wait, and a key's error
+  passes through it unchanged, except the one a generator cannot raise
+  (``StopIteration``, PEP 479), which it yields for the driver to raise.
+- **Waits** (:func:`waiting`, :func:`ended`, :func:`aended`): reentrancy
+  and cycles fail instead of hanging. Before a caller waits for a build in
+  progress, two checks run. *Reentrancy*: the build is one the caller's
+  own context is running (a factory that calls its own singleton, directly
+  or through a task it starts and awaits); the builds a context runs are
+  kept in a context variable, which tasks inherit. *Cycles*: A's factory
+  waits for B's build while B's factory waits for A's; each waiter records
+  the build it waits for, and a caller that reaches itself by following
+  build owner to the build that owner waits for would close a cycle. Stale
+  entries left by an exception between two lines are harmless: a finished
+  build is never part of a cycle or of a reentrant wait. The waits poll the
+  build's state too.
+- **The build run** (:class:`BuildRun`): the key's fingerprint, recording
+  the build's outcome, settling a build that an exception cut short, and
+  waking its waiters. A driver runs a build as::
+
+      run = BuildRun(life, ticket, keyed, clock, wake, factory=factory)
+      try:
+          with run, building(ticket):
+              run.made[None]  # Or: run.made[None] = await factory().
+      finally:
+          try:
+              run.end()
+          finally:
+              close(run.doomed)  # Or: await close(run.doomed).
+
+  Whatever is raised, at whatever line (a signal handler's
+  ``KeyboardInterrupt``, a tracer's injected exception), the ticket is
+  settled, its waiters are woken and a built client is made live or
+  closed: each step is repeated by the next layer if an exception cut it
+  short, and every step is idempotent. An exception before the ``try``
+  leaves the build unbegun; the driver's :meth:`Lifecycle.settle_unbegun`
+  settles it. The client goes to ``made`` as the factory returns it, with
+  no Python instruction between (a signal handler's exception lands
+  between a call and the instruction after it): a sync factory is called
+  by ``made``'s ``__missing__`` (a ``defaultdict``), which stores what it
+  returns before control is back in the driver; an awaited one's result is
+  stored by the instruction that ends the ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+import inspect
+import logging
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+
+from poolkeeper import _adapters
+from poolkeeper._identity import (
+    evaluate_key,
+    hash_key,
+    key_fingerprint,
+    too_many_rounds,
+)
+from poolkeeper._lifecycle import MAX_ROUNDS, Build, Wait, constant
+from poolkeeper._records import under
+from poolkeeper.exceptions import ReentrantBuildError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Generator, Iterator
+    from types import TracebackType
+
+    from poolkeeper._lifecycle import Lifecycle, Record, Serve, Slot, Ticket
+
+T = TypeVar("T")
+
+log = logging.getLogger("poolkeeper")
+
+#: No value yet: no client built, no key read.
+NOTHING: Final[Any] = object()
+
+
+class BuildRun(Generic[T]):
+    """One build of *ticket*: its outcome, recorded in *life*."""
+
+    __slots__ = (
+        "clock",
+        "doomed",
+        "fingerprint",
+        "keyed",
+        "life",
+        "made",
+        "ticket",
+        "wake",
+    )
+
+    def __init__(  # noqa: PLR0913 -- a sync driver's factory too.
+        self,
+        life: Lifecycle[T],
+        ticket: Ticket,
+        keyed: bool,  # noqa: FBT001 -- the singleton has a key function.
+        clock: Callable[[], float],
+        wake: Callable[[Any], object],
+        *,
+        factory: Callable[[], T] | None = None,
+    ) -> None:
+        self.life = life
+        self.ticket = ticket
+        self.keyed = keyed
+        self.clock = clock
+        self.wake = wake
+        #: What the factory returned, under the key None: stored there by
+        #: the driver (async), or by looking it up (sync: the factory).
+        self.made: dict[None, Any] = (
+            {} if factory is None else collections.defaultdict(factory)
+        )
+        self.fingerprint: str | None = None
+        #: The records the build retired: the driver closes them.
+        self.doomed: list[Record[T]] = []
+
+    def __enter__(self) -> None:
+        """Fingerprint the key before the factory runs."""
+        self.fingerprint = key_fingerprint(self.keyed, self.ticket.key.value)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Record the outcome: the client made live, or the failure."""
+        made = self.made
+        if exc is None:
+            now = self.clock()
+            self.life.built(
+                self.ticket, made[None], self.fingerprint, now, self.doomed
+            )
+        elif None not in made:
+            self.life.failed(self.ticket, exc)
+
+    def end(self) -> None:
+        """Settle the build if an exception cut it short; wake its waiters.
+
+        A built client is made live (or closed, through ``doomed``);
+        without one the build failed with the exception in flight, and
+        anything but an ``Exception`` (a ``KeyboardInterrupt``, a
+        cancellation) lets its waiters retry (see :meth:`Lifecycle.failed`).
+        """
+        life, ticket = self.life, self.ticket
+        try:
+            if not ticket.finished:
+                if None not in self.made:
+                    life.failed(ticket, sys.exc_info()[1])
+                else:
+                    client = self.made[None]
+                    fingerprint = key_fingerprint(self.keyed, ticket.key.value)
+                    now = self.clock()
+                    life.built(ticket, client, fingerprint, now, self.doomed)
+        finally:
+            self.wake(ticket.done)
+
+
+def refuse_coroutine(name: str, made: dict[None, Any]) -> None:
+    """Fail a sync build whose factory returned a coroutine; keep nothing.
+
+    Cached, the coroutine would be served to every call, and the second
+    ``await`` of it fails with "cannot reuse already awaited coroutine".
+    """
+    if not inspect.iscoroutine(made[None]):
+        return
+    # Out of made first: the build then ends as failed, never as built.
+    coroutine = made.pop(None)
+    coroutine.close()  # Never to be awaited: no "never awaited" warning.
+    msg = (
+        f"The factory {name} returned a coroutine: it is async, so a "
+        "synchronous singleton cannot build with it. Make it an `async "
+        "def` function (a lambda or functools.partial hides that it is "
+        f"async), and await the singleton: `client = await {name}()`."
+    )
+    raise TypeError(msg)
+
+
+def log_built(name: str, record: Record[Any]) -> None:
+    """Log a build that made *record* live; learn its type's hooks."""
+    # After the build, off the hit path: adapters' hooks for the client's
+    # type are known before any fork that inherits it (see _adapters).
+    _adapters.learn(record.client)
+    log.debug(
+        "Built %s (generation %d, key %s).",
+        name,
+        record.generation,
+        record.fingerprint,
+        extra={
+            "poolkeeper_factory": name,
+            "poolkeeper_generation": record.generation,
+            "poolkeeper_key": record.fingerprint,
+        },
+    )
+
+
+# -- the request loop ----------------------------------------------------
+
+
+def read_key(
+    life: Lifecycle[Any],
+    key: Callable[[], object] | None,
+    name: str,
+    value: object = NOTHING,
+) -> tuple[int, int, object]:
+    """Return ``(epoch, hash, value)`` of the key, read after the epoch.
+
+    The epoch is read before the key: a change between the two keeps the
+    hit path disarmed (see :meth:`Lifecycle.request`). A *value* the polled
+    hit path already read is used instead of calling *key* again.
+    """
+    epoch = life.epoch
+    if value is NOTHING:
+        return (epoch, *evaluate_key(key, name))
+    return (epoch, *hash_key(value, name))
+
+
+class Driven(Protocol[T]):
+    """What the decision loop reads of a singleton."""
+
+    @property
+    def _self_life(self) -> Lifecycle[T]: ...
+    @property
+    def _self_name(self) -> str: ...
+    @property
+    def _self_key(self) -> Callable[[], object] | None: ...
+
+
+def rounds(  # noqa: PLR0913, PLR0917 -- what a call knows.
+    single: Driven[T],
+    slot: Slot,
+    reslot: Callable[[], Slot],
+    owner: object,
+    wakeup: Callable[[], object],
+    asked: list[Any],
+    first: tuple[int, int, object],
+) -> Iterator[Serve | Wait | Build | BaseException]:
+    """Yield what a call for *slot*'s client does next; a ``Serve`` ends it.
+
+    *first* is the key as :func:`read_key` read it; *owner* is the thread
+    or task that calls, and *wakeup* makes the event or future a build's
+    waiters wait on. After a ``Build`` the builder asks again for the key
+    it built (it is served what it built, if still live); after a
+    ``Wait`` for a build of the same key that failed, the build's error is
+    yielded, for the driver to raise. A slot dropped meanwhile (its loop
+    ended) is replaced by *reslot*. *asked* holds the slot, the wake-up and
+    the epoch of the latest request: a driver unwinding by an exception
+    gives them to :meth:`Lifecycle.settle_unbegun`.
+
+    Raises:
+        PoolkeeperError: If the key changed during each of ``MAX_ROUNDS``
+            builds.
+    """
+    life, name, key = single._self_life, single._self_name, single._self_key
+    epoch, key_hash, value = first
+    for _ in range(MAX_ROUNDS):
+        if slot.dropped:
+            slot = reslot()
+        else:
+            done = wakeup()
+            asked[:] = slot, done, epoch
+            # The key is compared here, with no lock held: its __eq__ is
+            # user code. request() says if the live record changed since.
+            live = slot.live
+            matched = live is not None and live.matches(key_hash, value)
+            step = life.request(
+                slot,
+                live,
+                matched,
+                key_hash,
+                value,
+                epoch,
+                owner,
+                constant(done),
+            )
+            if step is None:
+                continue
+            yield step
+            if isinstance(step, Build):
+                ticket = step.ticket
+                if ticket.record:
+                    # The builder is served what it built, if still live.
+                    key_hash, value = ticket.key_hash, ticket.key.value
+                    continue
+            elif isinstance(step, Wait):
+                ended = step.ticket
+                if ended.error is not None and ended.matches(key_hash, value):
+                    yield ended.error
+        try:
+            epoch, key_hash, value = read_key(life, key, name)
+        except StopIteration as stop:
+            # A generator may not raise it (PEP 479 turns it into a
+            # RuntimeError): the driver raises the key's error unchanged.
+            yield stop
+            return
+    raise too_many_rounds(name, "build")
+
+
+# -- waits --------------------------------------------------------------
+
+#: A waiter re-checks its build this often, so a build whose wake-up was
+#: cut short by an exception cannot strand it.
+POLL = 0.05
+
+# The longest chain of waits followed when looking for a cycle.
+_MAX_CHAIN = 64
+
+_building: contextvars.ContextVar[tuple[Ticket, ...]] = contextvars.ContextVar(
+    "poolkeeper_building", default=()
+)
+_lock = threading.RLock()
+_waiting: dict[object, Ticket] = {}
+
+
+@contextlib.contextmanager
+def building(ticket: Ticket) -> Generator[None, None, None]:
+    """Mark *ticket* as built by the current context for the block."""
+    token = _building.set((*_building.get(), ticket))
+    try:
+        yield
+    finally:
+        _building.reset(token)
+
+
+@contextlib.contextmanager
+def waiting(owner: object, ticket: Ticket) -> Generator[None, None, None]:
+    """Record that *owner* waits for *ticket* for the block.
+
+    Raises:
+        ReentrantBuildError: If the wait could never end: *ticket* is built
+            by the caller's own context, or waiting would close a cycle.
+    """
+    if not ticket.finished and ticket in _building.get():
+        raise ReentrantBuildError(ticket.name)
+    # Entered inside the try: _leave is idempotent, so a wait cut short
+    # anywhere after it was recorded is forgotten (``under`` releases the
+    # lock on every way out).
+    try:
+        cycle = under(_lock, _enter, owner, ticket)
+        if cycle is not None:
+            raise ReentrantBuildError(ticket.name, cycle)
+        yield
+    finally:
+        under(_lock, _leave, owner, ticket)
+
+
+def ended(ticket: Ticket) -> None:
+    """Block the calling thread until *ticket*'s build has ended."""
+    while not ticket.done.wait(POLL) and not ticket.finished:
+        pass
+
+
+async def aended(ticket: Ticket) -> None:
+    """Wait until *ticket*'s build has ended, in a task.
+
+    ``asyncio.wait`` never cancels what it waits for, so a cancelled waiter
+    does not cancel the build.
+    """
+    while not (ticket.finished or ticket.done.done()):
+        await asyncio.wait((ticket.done,), timeout=POLL)
+
+
+def _enter(owner: object, ticket: Ticket) -> tuple[str, ...] | None:
+    cycle = _cycle(owner, ticket)
+    if cycle is None:
+        _waiting[owner] = ticket
+    return cycle
+
+
+def _leave(owner: object, ticket: Ticket) -> None:
+    if _waiting.get(owner) is ticket:
+        del _waiting[owner]
+
+
+def _cycle(owner: object, ticket: Ticket) -> tuple[str, ...] | None:
+    names = [ticket.name]
+    current = ticket
+    for _ in range(_MAX_CHAIN):
+        if current.owner == owner:
+            return (*names, names[0]) if len(names) > 1 else (*names, *names)
+        nxt = _waiting.get(current.owner)
+        if nxt is None or nxt.finished:
+            return None
+        names.append(nxt.name)
+        current = nxt
+    return None
+
+
+def forget() -> None:
+    """In a forked child: the parent's other threads wait for nothing here."""
+    global _lock  # noqa: PLW0603 -- replaced, never shared with the parent.
+    _lock = threading.RLock()
+    _waiting.clear()

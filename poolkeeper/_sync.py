@@ -1,0 +1,353 @@
+"""ProcessSingleton: the thread driver of the lifecycle, and its hit path.
+
+A call that misses the hit path asks the lifecycle what to do next and
+serves, waits or builds (the request loop, the build run and the waits are
+shared with the async driver, in ``_builds``). Beside the call: ``reset``,
+``lease``, ``proxy``, ``current``, ``statistics``. The hit path is the
+class's ``__call__``, which the lifecycle's change hook switches (see
+``arm``, under the lifecycle's lock).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, final
+
+import wrapt
+
+from poolkeeper._builds import (
+    NOTHING,
+    BuildRun,
+    building,
+    ended,
+    log_built,
+    read_key,
+    refuse_coroutine,
+    rounds,
+    waiting,
+)
+from poolkeeper._close import Closer, run_each
+from poolkeeper._identity import Identity, no_arguments, report_fork_errors
+from poolkeeper._lease import loosen
+from poolkeeper._lifecycle import (
+    Build,
+    ClientState,
+    Lifecycle,
+    Serve,
+    constant,
+)
+from poolkeeper._proxy import ClientProxy
+
+if TYPE_CHECKING:
+    import weakref
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
+    from poolkeeper._lifecycle import Record, Slot, Ticket
+    from poolkeeper._records import Statistics
+
+    # wrapt ships no type information: type checkers see this plain class
+    # and the generic signature below, the runtime gets wrapt's C proxy.
+    class _Proxy:
+        def __init__(self, wrapped: object) -> None: ...
+else:
+    _Proxy = wrapt.CallableObjectProxy
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Missing(Protocol[T_co]):
+    def _miss(self, value: object) -> T_co: ...
+
+
+def switch(
+    cls_ref: weakref.ReferenceType[type],
+    name: str,
+    slow: Callable[..., Any],
+    client: object,
+) -> None:
+    """Arm the class's hit path with *client*, or disarm it (None)."""
+    cls = cls_ref()
+    if cls is None:  # The singleton is gone; no call can come.
+        return
+    target = slow if client is None else armed(client, name)
+    # A plain class attribute store: callers on other threads see the old
+    # or the new target, never neither.
+    type.__setattr__(cls, "__call__", target)
+
+
+def arm_polled(
+    cls_ref: weakref.ReferenceType[type],
+    slow: Callable[..., Any],
+    record: Record[T],
+) -> None:
+    """Arm *cls*'s hit path for a key that is polled on every call.
+
+    The armed ``__call__`` evaluates the key and returns *record*'s client
+    while the value is the one it was built for (by value, as
+    :meth:`Record.matches` compares) and the record is live; anything else
+    takes the slow path. One Python frame, plus the key's own.
+    """
+    cls = cls_ref()
+    if cls is None:  # The singleton is gone; no call can come.
+        return
+    key = cast("Callable[[], object]", cls.__dict__["_poolkeeper_key"])
+    client = record.client
+    value = record.key.value
+    value_hash = record.key_hash
+    live = ClientState.LIVE
+
+    def polled(self: _Missing[T], *args: object, **kwargs: object) -> T:
+        if args or kwargs:
+            return cast("T", slow(self, *args, **kwargs))
+        now = key()
+        same = now is value or (now == value and hash(now) == value_hash)
+        # A retirement after this check is one after the return: a lease
+        # pins and checks the record again (see _lease).
+        if same and record.state is live:
+            return client
+        return self._miss(now)
+
+    type.__setattr__(cls, "__call__", polled)
+
+
+def armed(client: object, name: str) -> object:
+    """Return a ``__call__`` that returns *client* without Python frames.
+
+    An ``lru_cache`` seeded with the no-argument call answers it in C. A
+    call with arguments misses the cache and reaches ``hit``, which raises
+    the same error as the slow path; the staticmethod keeps the singleton
+    itself out of the arguments.
+    """
+
+    def hit(*args: object, **kwargs: object) -> object:
+        if args or kwargs:
+            raise TypeError(no_arguments(name, args, kwargs))
+        return client
+
+    cached = functools.lru_cache(maxsize=None)(hit)
+    cached()
+    return staticmethod(cached)
+
+
+@final
+class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
+    """A factory turned into a process-wide singleton.
+
+    Made by :func:`~poolkeeper.process_singleton`; never instantiated
+    directly. It is a wrapt proxy of the factory, so ``__wrapped__``,
+    ``__name__``, ``__doc__`` and :func:`inspect.signature` are the
+    factory's.
+
+    .. versionadded:: 0.1
+    """
+
+    if TYPE_CHECKING:
+        __wrapped__: Callable[[], T]
+
+    # wrapt keeps attributes named _self_* on the proxy itself.
+    _self_name: str
+    _self_key: Callable[[], object] | None
+    _self_life: Lifecycle[T]
+    _self_slot: Slot
+    _self_closer: Closer
+
+    # The hit path. Each singleton has its own subclass (see _decorator), and
+    # while a client is live and its key cannot have changed, that class's
+    # __call__ is a C callable returning the client (see armed), so a hit
+    # runs no Python code and takes no lock. The lifecycle disarms it,
+    # under its lock, before anything replaces or retires that client, and
+    # a subscribed key's change and the fork hook disarm it too.
+
+    def __call__(self, *args: object, **kwargs: object) -> T:
+        """Return the live client for the current key, building it if needed.
+
+        Concurrent first callers wait for one build and all receive the
+        same object. A factory or key error propagates unchanged, caches
+        nothing and leaves the previous client live; the next call tries
+        again.
+
+        Raises:
+            TypeError: If called with arguments.
+            ReentrantBuildError: If the build would wait for itself: the
+                factory calls its own singleton, or factories on two
+                threads need each other.
+        """
+        if args or kwargs:
+            raise TypeError(no_arguments(self._self_name, args, kwargs))
+        if won := self._self_life.override():
+            return won[0]
+        return self._acquire(NOTHING).client
+
+    def _miss(self, value: object) -> T:
+        # A polled hit path's miss, with the key value it read: the key is
+        # evaluated once per call.
+        if won := self._self_life.override():
+            return won[0]
+        return self._acquire(value).client
+
+    # -- calls --------------------------------------------------------------
+
+    def _acquire(self, value: object) -> Record[T]:
+        life = self._self_life
+        slot = self._self_slot
+        if life.fork_errors:
+            report_fork_errors(self._self_name, life.fork_errors)
+        me = threading.get_ident()
+        first = read_key(life, self._self_key, self._self_name, value)
+        # The slot, wake-up and epoch of this call's latest request.
+        asked: list[Any] = [None, None, 0]
+        # A thread's slot is never dropped: it is its own replacement.
+        steps = rounds(
+            self, slot, constant(slot), me, threading.Event, asked, first
+        )
+        try:
+            for step in steps:
+                if isinstance(step, Serve):
+                    return step.record
+                if isinstance(step, BaseException):
+                    raise step  # noqa: TRY301 -- the key's or its build's error.
+                ticket = step.ticket
+                if isinstance(step, Build):
+                    self._build(ticket)
+                    continue
+                with waiting(me, ticket):
+                    ended(ticket)
+        except BaseException:
+            if life.settle_unbegun(asked[0], asked[1]):
+                asked[1].set()
+            raise
+        raise AssertionError  # pragma: no cover -- rounds() ends the call.
+
+    def _build(self, ticket: Ticket) -> None:
+        # Runs the factory with no lock held; callers for the same slot
+        # wait on the ticket instead. Whatever is raised, at whatever line,
+        # the build ends (see _builds): tests/test_attack_lines.py and
+        # test_guarantees.py cut it at each line.
+        keyed = self._self_key is not None
+        wake = threading.Event.set
+        factory = self.__wrapped__
+        run = BuildRun(
+            self._self_life,
+            ticket,
+            keyed,
+            time.monotonic,
+            wake,
+            factory=factory,
+        )
+        try:
+            with run, building(ticket):
+                # The factory runs and its client is stored in one lookup:
+                # no signal lands between the two (see _builds).
+                run.made[None]
+                refuse_coroutine(self._self_name, run.made)
+        finally:
+            try:
+                run.end()
+            finally:
+                self._close(run.doomed)
+        if ticket.record is not None:  # pragma: no branch -- injected.
+            log_built(self._self_name, ticket.record)
+
+    def _close(self, doomed: list[Record[T]]) -> None:
+        # With any close owed from before (decided, then cut short before
+        # it began): each close claims its record, so none runs twice.
+        owed = self._self_life.owed_besides(doomed)
+        close = self._self_closer.close
+        run_each(
+            (
+                *(functools.partial(close, r) for r in (*doomed, *owed)),
+                # Retired records hold their leases weakly: a lease dropped
+                # without exiting releases its pin when collected.
+                functools.partial(loosen, self._self_life),
+            )
+        )
+
+    # -- beside the call ----------------------------------------------------
+
+    def reset(self) -> bool:
+        """Retire the live client; the next call builds a new one.
+
+        The retired client is closed now, with no lock held, or when its
+        last lease exits. Within *min_rebuild_interval* seconds of the last
+        build nothing is retired, so an error handler that resets on every
+        failure cannot turn into a build storm.
+
+        Returns:
+            Whether a client was retired.
+        """
+        doomed: list[Record[T]] = []
+        try:
+            return self._self_life.reset(
+                self._self_slot, time.monotonic(), doomed
+            )
+        finally:
+            self._close(doomed)
+
+    def lease(self) -> AbstractContextManager[T]:
+        """Pin the live client for the duration of a ``with`` block.
+
+        If the client is retired meanwhile (key change, ``reset()``,
+        ``close_all()``), its close waits until the last lease on it exits.
+        Use it around work that must not see its client closed underneath.
+
+        Returns:
+            A context manager whose ``with`` block gets the live client,
+            as a call would return it. Enter it once.
+        """
+        # Each singleton's class replaces this method (see _decorator.make).
+        leases = type(self).__dict__["lease"]  # pragma: no cover
+        return cast("AbstractContextManager[T]", leases())  # pragma: no cover
+
+    def proxy(self) -> T:
+        """Return a handle that resolves to the live client on every use.
+
+        Store it where code would store "the client" (a closure, an
+        attribute): attribute access on it goes to the live client, so it
+        follows key rotation and never reaches a retired client. Nothing is
+        built until it is first used. It pickles by reference.
+
+        Returns:
+            A transparent proxy, typed as the client.
+        """
+        single = cast("Callable[[], T]", self)  # A ProcessSingleton.
+        return cast("T", ClientProxy(single))
+
+    def current(self) -> T | None:
+        """Return the live client without building one.
+
+        Returns:
+            The live client (or the override), ``None`` if none is live.
+        """
+        if won := self._self_life.override():
+            return won[0]
+        live = self._self_slot.live
+        return None if live is None else live.client
+
+    def statistics(self) -> Statistics:
+        """Return an immutable snapshot of this singleton's counters.
+
+        Returns:
+            The counters of this process.
+        """
+        return self._self_life.statistics(self._self_slot)
+
+    def __repr__(self) -> str:
+        """Describe the singleton with its key fingerprint, never the key."""
+        live = self._self_slot.live
+        state = (
+            "no live client"
+            if live is None
+            else f"generation {live.generation}, key {live.fingerprint}"
+        )
+        return (
+            f"<poolkeeper.ProcessSingleton {self._self_name} "
+            f"({state}, pid {self._self_life.pid})>"
+        )
+
+
+# The slow path, which a disarmed class gets back as its __call__.
+_slow_call: Callable[..., Any] = ProcessSingleton.__dict__["__call__"]
