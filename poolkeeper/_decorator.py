@@ -37,7 +37,7 @@ from poolkeeper._close import Closer
 from poolkeeper._filekeys import FileKey
 from poolkeeper._lease import lease_class
 from poolkeeper._lifecycle import Lifecycle
-from poolkeeper._sync import ProcessSingleton, _slow_call, arm_polled, switch
+from poolkeeper._sync import ProcessSingleton, _slow_call, arm
 from poolkeeper.keys import EnvKey, KeyTuple
 
 T = TypeVar("T")
@@ -385,7 +385,7 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
     own = type(single)
     name = _name(factory)
-    # Where the polled hit path finds the key (see _sync.arm_polled).
+    # Where the polled hit path finds the key (see _sync.arm).
     type.__setattr__(own, "_poolkeeper_key", key)
     # The lifecycle outlives a dropped singleton (the registry holds it),
     # so it holds the singleton's class weakly: the class's polled
@@ -395,10 +395,7 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
         name,
         pushed=key is None,
         min_interval=min_rebuild_interval,
-        switch=functools.partial(switch, cls, name, _slow_call),
-        arm_polled=None
-        if key is None
-        else functools.partial(arm_polled, cls, _slow_call),
+        arm=functools.partial(arm, cls, name, _slow_call),
     )
     slot = single._self_slot = life.open_slot(None, None)[0]
     closer = Closer(life, close, is_async=False)
@@ -430,8 +427,7 @@ def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
         name,
         pushed=key is None,
         min_interval=min_rebuild_interval,
-        switch=functools.partial(_loops.disarm, cls),
-        arm_slot=functools.partial(_loops.arm, cls, weakref.ref(single), name),
+        arm=functools.partial(_loops.arm, cls, weakref.ref(single), name),
     )
     single._self_seen = (-1, None, 0)
     closer = Closer(life, close, is_async=True)

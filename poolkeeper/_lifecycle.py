@@ -59,6 +59,7 @@ from typing import (
     Final,
     Generic,
     ParamSpec,
+    TypeAlias,
     TypeVar,
     cast,
 )
@@ -83,6 +84,10 @@ from poolkeeper._records import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
+
+    #: The change hook, ``arm(client, record, pushed) -> bool`` (see
+    #: ``Lifecycle.arm``).
+    Arm: TypeAlias = Callable[[object, Record[Any] | None, bool], bool]
 
 __all__ = [
     "DONE",
@@ -182,8 +187,9 @@ def gil() -> bool:
     return not FREE_THREADED
 
 
-def _nothing(_client: object) -> None:
-    """The hit-path switch of a lifecycle that has no hit path."""
+def _no_hit_path(_client: object, _record: object, _pushed: object) -> bool:
+    """The change hook of a lifecycle that has no hit path."""
+    return True
 
 
 class Lifecycle(Generic[T]):
@@ -191,15 +197,13 @@ class Lifecycle(Generic[T]):
 
     # -- state and counters --------------------------------------------------
 
-    def __init__(  # noqa: PLR0913 -- one hook each.
+    def __init__(
         self,
         name: str,
         *,
         pushed: bool,
         min_interval: float,
-        switch: Callable[[object], None] | None = None,
-        arm_polled: Callable[[Record[T]], None] | None = None,
-        arm_slot: Callable[[Record[T]], bool] | None = None,
+        arm: Arm | None = None,
     ) -> None:
         self.name = name
         self.lock = threading.RLock()
@@ -209,16 +213,15 @@ class Lifecycle(Generic[T]):
         # The key is pushed (no key, or keys.env): the hit path may be armed.
         self.pushed = pushed
         self.min_interval = min_interval
-        # Arms the hit path with a client, or disarms it with None; armed
-        # is what it was last armed with (see _arm and _disarm).
-        self.switch = switch or _nothing
-        # Arms the hit path of a polled key with a record: it serves that
-        # record's client while the key still returns what it was built for.
-        self.arm_polled = arm_polled
-        # The async driver's: arms the hit path of one slot (one event
-        # loop) with its live record, for a pushed key, and says whether
-        # it did; switch disarms it.
-        self.arm_slot = arm_slot
+        # The change hook, the one way the lifecycle reaches the driver's hit
+        # path; each driver decides how to arm. Called under the lock as
+        # arm(client, record, pushed): with None, None to disarm (the live
+        # client is about to change, or may have); with an override's
+        # stand-in and None, when every call gets the stand-in; with the
+        # live record a call was served and its client, when the key that
+        # call read still stands. It says whether the hit path now serves
+        # *client*; armed is what it was last armed with (see _arm, I4).
+        self.arm = arm or _no_hit_path
         self.armed: object = None
         self.slots: dict[object, Slot] = {}
         self.overrides: tuple[tuple[object, object], ...] = ()
@@ -246,25 +249,17 @@ class Lifecycle(Generic[T]):
     ) -> None:
         if self.armed is client:
             return
-        if record is not None and self.arm_slot is not None:
-            # Another loop may keep the arming: then armed stays as it was.
-            if self.pushed:
-                before, self.armed = self.armed, client
-                if self.epoch != epoch or not self.arm_slot(record):
-                    self.armed = before
-            return
-        self.armed = client
+        before, self.armed = self.armed, client
         if epoch is not None and self.epoch != epoch:
             self._disarm()
             return
-        if record is None or self.pushed:
-            self.switch(client)
-        elif self.arm_polled is not None:
-            self.arm_polled(record)
+        # Not armed (another loop keeps the arming, say): as it was.
+        if not self.arm(client, record, self.pushed):
+            self.armed = before
 
     def _disarm(self) -> None:
         if self.armed is not None:
-            self.switch(None)
+            self.arm(None, None, self.pushed)
             self.armed = None
 
     def _zero(self) -> None:
@@ -897,7 +892,7 @@ class Lifecycle(Generic[T]):
         fork) and returns the abandoned records, never to be closed.
         """
         self.lock = threading.RLock()
-        self.switch(None)
+        self.arm(None, None, self.pushed)
         self.armed = None
         self.owed = ()  # The parent's to close, never the child's.
         for slot in self.slots.values():

@@ -16,7 +16,7 @@ client. One loop per class is armed at a time; while it runs, other loops
 take the slow path rather than take the arming from it (which would make
 every call on two busy loops a class-attribute store).
 
-The lifecycle calls ``arm`` and ``disarm`` under its lock, from its "live
+The lifecycle calls ``arm``, its change hook, under its lock, from its "live
 client changed" transitions only, so the two never interleave.
 
 **The end of a loop.** When a loop ends the way ``asyncio.run()`` and
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 _BY_THREAD = sys.version_info < (3, 12)
 _get_ident = threading.get_ident
 
-# Where an armed class keeps what disarm() needs: the flag its coroutines
+# Where an armed class keeps what _disarm() needs: the flag its coroutines
 # read last, and the loop it serves.
 _ON = "_poolkeeper_on"
 _LOOP = "_poolkeeper_loop"
@@ -72,27 +72,39 @@ _LOOP = "_poolkeeper_loop"
 _flags: dict[int, list[bool]] = {}
 
 
-def arm(
+def arm(  # noqa: PLR0913, PLR0917 -- bound to the first three.
     cls_ref: weakref.ReferenceType[type],
     single_ref: weakref.ReferenceType[Any],
     name: str,
-    record: Record[Any],
+    client: object,
+    record: Record[Any] | None,
+    pushed: bool,  # noqa: FBT001 -- the lifecycle's change hook.
 ) -> bool:
-    """Arm *cls*'s hit path with *record*'s client, for *record*'s loop.
+    """The change hook of an async singleton: arm one loop, or disarm.
 
-    Another loop that is armed and still running keeps the arming. The
-    loop is held strongly while armed: its end (``hook``), like any
-    other disarm, lets go of it. The singleton is held weakly.
+    With a live *record* of a pushed key, arms *cls*'s hit path with its
+    client, for *record*'s loop; another loop that is armed and still
+    running keeps the arming. Anything else disarms: *client* None, or an
+    override's stand-in (the slow path serves overrides), and a polled key
+    is never armed. The loop is held strongly while armed: its end
+    (``hook``), like any other disarm, lets go of it. The singleton is held
+    weakly.
 
     Returns:
-        Whether it armed.
+        Whether the hit path serves *client* now (an override: whether it
+        is disarmed, as the slow path serves it).
     """
+    if record is None:
+        _disarm(cls_ref)
+        return client is not None
+    if not pushed:
+        return False
     cls = cls_ref()
     loop_ref = record.slot.loop
     loop = None if loop_ref is None else loop_ref()
     if cls is None or loop is None or kept(cls, loop):
         return False
-    disarm(cls_ref, None)
+    _disarm(cls_ref)
     on = [True]
     hit = _hit(loop, record.client, on, single_ref, name)
 
@@ -162,12 +174,8 @@ def _hit(
     return hit
 
 
-def disarm(cls_ref: weakref.ReferenceType[type], _client: object) -> None:
-    """Put *cls*'s slow path back; coroutines made while armed miss too.
-
-    The lifecycle's switch: any client (an override) disarms as None does,
-    because the slow path serves overrides.
-    """
+def _disarm(cls_ref: weakref.ReferenceType[type]) -> None:
+    """Put *cls*'s slow path back; coroutines made while armed miss too."""
     flag = _flags.pop(id(cls_ref), None)
     if flag is not None:
         flag[0] = False

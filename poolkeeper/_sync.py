@@ -63,26 +63,35 @@ class _Missing(Protocol[T_co]):
     def _miss(self, value: object) -> T_co: ...
 
 
-def switch(
+def arm(  # noqa: PLR0913, PLR0917 -- bound to the first three.
     cls_ref: weakref.ReferenceType[type],
     name: str,
     slow: Callable[..., Any],
     client: object,
-) -> None:
-    """Arm the class's hit path with *client*, or disarm it (None)."""
+    record: Record[Any] | None,
+    pushed: bool,  # noqa: FBT001 -- the lifecycle's change hook.
+) -> bool:
+    """The change hook of a thread singleton: switch its class's call.
+
+    Disarms (*client* None), arms with *client* (an override's stand-in,
+    or a pushed key's live client), or arms the polled hit path with
+    *record*. Always arms: a thread singleton has one hit path.
+    """
     cls = cls_ref()
     if cls is None:  # The singleton is gone; no call can come.
-        return
+        return True
+    if client is not None and record is not None and not pushed:
+        _arm_polled(cls, slow, record)
+        return True
     target = slow if client is None else armed(client, name)
     # A plain class attribute store: callers on other threads see the old
     # or the new target, never neither.
     type.__setattr__(cls, "__call__", target)
+    return True
 
 
-def arm_polled(
-    cls_ref: weakref.ReferenceType[type],
-    slow: Callable[..., Any],
-    record: Record[T],
+def _arm_polled(
+    cls: type, slow: Callable[..., Any], record: Record[T]
 ) -> None:
     """Arm *cls*'s hit path for a key that is polled on every call.
 
@@ -91,9 +100,6 @@ def arm_polled(
     :meth:`Record.matches` compares) and the record is live; anything else
     takes the slow path. One Python frame, plus the key's own.
     """
-    cls = cls_ref()
-    if cls is None:  # The singleton is gone; no call can come.
-        return
     key = cast("Callable[[], object]", cls.__dict__["_poolkeeper_key"])
     client = record.client
     value = record.key.value

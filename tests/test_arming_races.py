@@ -56,7 +56,7 @@ class TestSyncArming:
         first = single()
         assert ["a"] == first
         _disarmed_but_matching(env, single)
-        pause = Pause("_arm", "self.armed = client")
+        pause = Pause("_arm", "before, self.armed = self.armed, client")
         caller, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)
         writer, _ = run(lambda: env.__setitem__(NAME, "c"))

@@ -796,5 +796,7 @@ class TestLeaseOfADroppedSingleton:
         live = single._self_slot.live
         del single
         gc.collect()
-        life.switch(object())  # No class left to arm: nothing happens.
-        life.arm_polled(live)
+        life.arm(
+            object(), None, True
+        )  # No class left to arm: nothing happens.
+        life.arm(live.client, live, False)

@@ -112,8 +112,7 @@ class LifecycleRules(RuleBasedStateMachine):
             "machine",
             pushed=self.sync or self.loop_hit,
             min_interval=0.0,
-            switch=self.armed.append,
-            arm_slot=self._arm_slot if self.loop_hit else None,
+            arm=self._arm,
         )
         self.slots: list[Slot] = []
         self.loops = 0
@@ -145,8 +144,20 @@ class LifecycleRules(RuleBasedStateMachine):
 
     # -- helpers ------------------------------------------------------------
 
-    def _arm_slot(self, record: Record[Client]) -> bool:
-        self.armed.append(record)
+    def _arm(
+        self, client: object, record: Record[Client] | None, pushed: bool
+    ) -> bool:
+        # The change hook: what it was last armed with (None: disarmed). A
+        # loop's hit path is armed with the record, the sync one with the
+        # client; a polled key's loop hit path is never armed.
+        if record is None:
+            self.armed.append(client)
+        elif self.loop_hit:
+            self.armed.append(record)
+        elif pushed:
+            self.armed.append(client)
+        else:
+            return False
         return True
 
     def _close(self, doomed: list[Record[Client]]) -> None:

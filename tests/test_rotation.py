@@ -117,13 +117,13 @@ class TestOlderBuildFinishingLast:
         source = original.__wrapped__  # type: ignore[attr-defined]
 
         def careless(self, *args):
-            switch = self.switch
-            self.switch = lambda client: None  # Never disarms here.
+            arm = self.arm
+            self.arm = lambda *_: True  # Never disarms here.
             try:
                 with self.lock:
                     source(self, *args)
             finally:
-                self.switch = switch
+                self.arm = arm
 
         _lifecycle.Lifecycle.built = careless  # type: ignore[method-assign]
         try:
