@@ -1,0 +1,139 @@
+"""Which poolkeeper modules run for one call, rebuild, fork and loop end.
+
+A reader's walk through the source follows the code that runs: this prints,
+for four scenarios, the poolkeeper modules with a Python frame executed
+(``sys.settrace`` in the calling thread; a fork's child reports its own),
+the count first. ``docs/core-concepts.md`` walks the same four by hand.
+
+    .venv/bin/python benchmarks/walks.py
+
+The scenarios: a call of a built singleton (no key: the armed hit path); a
+call after a watched environment write (the write, then the rebuild that
+the call runs, closing the old client); a fork (what the child runs at the
+fork; its first call then builds as any first call does); an async loop end
+(``asyncio.run()`` returning, its loop's client closed on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import poolkeeper
+from poolkeeper import keys, process_singleton
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+ROOT = str(Path(poolkeeper.__file__).parent)
+
+
+class Client:
+    """A client with a close, as SDK clients have."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+
+def _tracer(seen: set[str]) -> Callable[[FrameType, str, object], None]:
+    """A profile function adding each poolkeeper module it sees to *seen*."""
+
+    def tracer(frame: FrameType, _event: str, _arg: object) -> None:
+        name = frame.f_code.co_filename
+        if name.startswith(ROOT):
+            seen.add(os.path.relpath(name, ROOT))
+
+    return tracer
+
+
+def _modules(run: Callable[[], object]) -> list[str]:
+    seen: set[str] = set()
+    sys.setprofile(_tracer(seen))
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return sorted(seen)
+
+
+def hit() -> list[str]:
+    single = process_singleton(Client)
+    single()
+    single()
+    return _modules(single)
+
+
+def rebuild() -> list[str]:
+    os.environ["PK_WALK_KEY"] = "one"
+    single = process_singleton(key=keys.env("PK_WALK_KEY"))(Client)
+    single()
+
+    def write_and_call() -> None:
+        os.environ["PK_WALK_KEY"] = "two"
+        single()
+
+    return _modules(write_and_call)
+
+
+def fork() -> list[str]:
+    single = process_singleton(Client)
+    single()
+    read, write = os.pipe()
+    seen: set[str] = set()
+    sys.setprofile(_tracer(seen))
+    pid = os.fork()
+    if pid == 0:  # The child: its fork hook ran.
+        sys.setprofile(None)
+        os.write(write, json.dumps(sorted(seen)).encode())
+        os._exit(0)
+    sys.setprofile(None)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(data))
+
+
+def loop_end() -> list[str]:
+    single = process_singleton(_make_async)
+    seen: set[str] = set()
+
+    async def main() -> None:
+        await single()
+        await single()
+        # From here to asyncio.run()'s return: the loop's end.
+        sys.setprofile(_tracer(seen))
+
+    try:
+        asyncio.run(main())
+    finally:
+        sys.setprofile(None)
+    return sorted(seen)
+
+
+async def _make_async() -> Client:
+    return Client()
+
+
+def main() -> None:
+    """Print each walk: its count, then its modules."""
+    for name, walk in (
+        ("call of a built singleton", hit),
+        ("rebuild after an environment write", rebuild),
+        ("fork (the child's fork hook)", fork),
+        ("async loop end", loop_end),
+    ):
+        modules = walk()
+        print(f"{name}: {len(modules)}: {' '.join(modules)}")
+
+
+if __name__ == "__main__":
+    main()
