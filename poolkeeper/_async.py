@@ -26,7 +26,6 @@ from poolkeeper._builds import (
     building,
     log_built,
     read_key,
-    rounds,
     waiting,
 )
 from poolkeeper._close import _LOOP_HINT, Closer, aclose_here, arun_each
@@ -37,7 +36,14 @@ from poolkeeper._identity import (
     too_many_rounds,
 )
 from poolkeeper._lease import warn_dropped
-from poolkeeper._lifecycle import MAX_ROUNDS, Build, Lifecycle, Serve
+from poolkeeper._lifecycle import (
+    MAX_ROUNDS,
+    Build,
+    Lifecycle,
+    Serve,
+    Wait,
+    constant,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Coroutine
@@ -147,13 +153,13 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    async def _acquire(self) -> Record[T]:
+    async def _acquire(self) -> Record[T]:  # noqa: C901, PLR0912 -- one loop.
         life = self._self_life
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
         slot = self._slot()
-        first = read_key(life, self._self_key, self._self_name)
-        _, key_hash, key = first
+        name, key = self._self_name, self._self_key
+        epoch, key_hash, value = read_key(life, key, name)
         live = slot.live
         # No lock: this slot's clients are only ever closed on this loop,
         # so none can start closing while this code runs. A pushed key's
@@ -161,36 +167,61 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         if (
             live is not None
             and not life.pushed
-            and live.matches(key_hash, key)
+            and live.matches(key_hash, value)
         ):
             return live
+        # Then ask the lifecycle, as the sync driver does (see its
+        # _acquire); a slot dropped meanwhile (its loop ended) is replaced.
         owner = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        # The slot, wake-up and epoch of this call's latest request.
-        asked: list[Any] = [None, None, 0]
-        wakeup = loop.create_future
-        steps = rounds(self, slot, self._slot, owner, wakeup, asked, first)
+        # The slot and wake-up of this call's latest request.
+        asked: tuple[Slot | None, asyncio.Future[None] | None] = (None, None)
         try:
-            for step in steps:
-                if isinstance(step, Serve):
-                    record = step.record
-                    if life.pushed:  # Only a pushed key's is reused (_get).
-                        seen = (asked[2], record.slot, record.sequence)
-                        self._self_seen = seen
-                    return record
-                if isinstance(step, BaseException):
-                    raise step  # noqa: TRY301 -- the key's or its build's error.
-                ticket = step.ticket
-                if isinstance(step, Build):
-                    await self._build(ticket, loop)
+            for _ in range(MAX_ROUNDS):
+                if slot.dropped:
+                    slot = self._slot()
+                    epoch, key_hash, value = read_key(life, key, name)
                     continue
-                with waiting(owner, ticket):
-                    await aended(ticket)
+                asked = slot, loop.create_future()
+                live = slot.live
+                matched = live is not None and live.matches(key_hash, value)
+                step = life.request(
+                    slot,
+                    live,
+                    matched,
+                    key_hash,
+                    value,
+                    epoch,
+                    owner,
+                    constant(asked[1]),
+                )
+                match step:
+                    case None:  # The live record changed: compare again.
+                        continue
+                    case Serve(record=record):
+                        if life.pushed:  # Only a pushed key's is reused.
+                            seen = (epoch, record.slot, record.sequence)
+                            self._self_seen = seen
+                        return record
+                    case Build(ticket=ticket):
+                        await self._build(ticket, loop)
+                        if ticket.record:
+                            # Served what it built, if still live.
+                            key_hash, value = ticket.key_hash, ticket.key.value
+                            continue
+                    case Wait(ticket=ticket):
+                        with waiting(owner, ticket):
+                            await aended(ticket)
+                        error = ticket.error_for(key_hash, value)
+                        if error is not None:
+                            raise error  # noqa: TRY301 -- the build's, as is.
+                epoch, key_hash, value = read_key(life, key, name)
+            raise too_many_rounds(name, "build")  # noqa: TRY301
         except BaseException:
-            if life.settle_unbegun(asked[0], asked[1]):
-                asked[1].set_result(None)
+            done = asked[1]
+            if done is not None and life.settle_unbegun(asked[0], done):
+                done.set_result(None)
             raise
-        raise AssertionError  # pragma: no cover -- rounds() ends the call.
 
     async def _build(
         self, ticket: Ticket, loop: asyncio.AbstractEventLoop

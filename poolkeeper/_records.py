@@ -187,6 +187,19 @@ class Ticket:
         mine = self.key.value
         return self.key_hash == key_hash and (mine is key or bool(mine == key))
 
+    def error_for(self, key_hash: int, key: object) -> BaseException | None:
+        """The error this build failed with, if it was a build for *key*.
+
+        A waiter for *key* raises it; one that waited for a build of
+        another key (the key changed meanwhile) asks again instead.
+        """
+        error = self.error
+        return (
+            error
+            if error is not None and self.matches(key_hash, key)
+            else None
+        )
+
 
 @final
 class Slot:

@@ -25,17 +25,23 @@ from poolkeeper._builds import (
     log_built,
     read_key,
     refuse_coroutine,
-    rounds,
     waiting,
 )
 from poolkeeper._close import Closer, run_each
-from poolkeeper._identity import Identity, no_arguments, report_fork_errors
+from poolkeeper._identity import (
+    Identity,
+    no_arguments,
+    report_fork_errors,
+    too_many_rounds,
+)
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import (
+    MAX_ROUNDS,
     Build,
     ClientState,
     Lifecycle,
     Serve,
+    Wait,
     constant,
 )
 from poolkeeper._proxy import ClientProxy
@@ -197,36 +203,59 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    def _acquire(self, value: object) -> Record[T]:
-        life = self._self_life
-        slot = self._self_slot
+    def _acquire(self, value: object) -> Record[T]:  # noqa: C901 -- one loop.
+        # Ask the lifecycle, act on its answer, until served (see
+        # Lifecycle.request). The key is compared here, with no lock held
+        # (its __eq__ is user code); request() says if the live record
+        # changed meanwhile. A thread's slot is never dropped.
+        life, slot = self._self_life, self._self_slot
+        name, key = self._self_name, self._self_key
         if life.fork_errors:
-            report_fork_errors(self._self_name, life.fork_errors)
+            report_fork_errors(name, life.fork_errors)
         me = threading.get_ident()
-        first = read_key(life, self._self_key, self._self_name, value)
-        # The slot, wake-up and epoch of this call's latest request.
-        asked: list[Any] = [None, None, 0]
-        # A thread's slot is never dropped: it is its own replacement.
-        steps = rounds(
-            self, slot, constant(slot), me, threading.Event, asked, first
-        )
+        epoch, key_hash, value = read_key(life, key, name, value)
+        # The wake-up of this call's latest request, with its slot: a call
+        # unwinding by an exception gives them to settle_unbegun().
+        asked: tuple[Slot | None, threading.Event | None] = (None, None)
         try:
-            for step in steps:
-                if isinstance(step, Serve):
-                    return step.record
-                if isinstance(step, BaseException):
-                    raise step  # noqa: TRY301 -- the key's or its build's error.
-                ticket = step.ticket
-                if isinstance(step, Build):
-                    self._build(ticket)
-                    continue
-                with waiting(me, ticket):
-                    ended(ticket)
+            for _ in range(MAX_ROUNDS):
+                asked = slot, threading.Event()
+                live = slot.live
+                matched = live is not None and live.matches(key_hash, value)
+                step = life.request(
+                    slot,
+                    live,
+                    matched,
+                    key_hash,
+                    value,
+                    epoch,
+                    me,
+                    constant(asked[1]),
+                )
+                match step:
+                    case None:  # The live record changed: compare again.
+                        continue
+                    case Serve(record=record):
+                        return record
+                    case Build(ticket=ticket):
+                        self._build(ticket)
+                        if ticket.record:
+                            # Served what it built, if still live.
+                            key_hash, value = ticket.key_hash, ticket.key.value
+                            continue
+                    case Wait(ticket=ticket):
+                        with waiting(me, ticket):
+                            ended(ticket)
+                        error = ticket.error_for(key_hash, value)
+                        if error is not None:
+                            raise error  # noqa: TRY301 -- the build's, as is.
+                epoch, key_hash, value = read_key(life, key, name)
+            raise too_many_rounds(name, "build")  # noqa: TRY301
         except BaseException:
-            if life.settle_unbegun(asked[0], asked[1]):
-                asked[1].set()
+            done = asked[1]
+            if done is not None and life.settle_unbegun(asked[0], done):
+                done.set()
             raise
-        raise AssertionError  # pragma: no cover -- rounds() ends the call.
 
     def _build(self, ticket: Ticket) -> None:
         # Runs the factory with no lock held; callers for the same slot

@@ -181,13 +181,12 @@ def _lease_class():
 
 
 def _codes():
-    from poolkeeper._builds import BuildRun, rounds
+    from poolkeeper._builds import BuildRun
     from poolkeeper._close import Closer
     from poolkeeper._lifecycle import Lifecycle
 
     return {
         "_acquire": ProcessSingleton._acquire.__code__,
-        "rounds": rounds.__code__,
         "_close": ProcessSingleton._close.__code__,
         "reset": ProcessSingleton.reset.__code__,
         "Lifecycle.reset": Lifecycle.reset.__wrapped__.__code__,

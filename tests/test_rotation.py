@@ -68,7 +68,7 @@ class TestOlderBuildFinishingLast:
         env[NAME] = "other"  # Disarms, so the next call is slow (a
         env[NAME] = "A"  # write of the same value would not).
         # The A caller reads key A, then stops before asking the lifecycle.
-        pause = Pause("rounds", "step = life.request(")
+        pause = Pause("_acquire", "step = life.request(")
         box: list[object] = []
         caller = threading.Thread(
             target=pause.run(lambda: box.append(single()))

@@ -155,7 +155,7 @@ class TestKeysAreComparedWithNoLockHeld:
         """The live record changed between the comparison and request()."""
         factory = Factory()
         single = process_singleton(factory)
-        pause = Pause("rounds", "step = life.request(")
+        pause = Pause("_acquire", "step = life.request(")
         box: list[object] = []
         caller = threading.Thread(
             target=pause.run(lambda: box.append(single()))
