@@ -16,6 +16,8 @@ import enum
 import itertools
 import threading
 from dataclasses import dataclass
+from itertools import chain, starmap
+from operator import setitem
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -50,6 +52,23 @@ ALL: Final = slice(None)
 #: ``commit(starmap(setattr, ((obj, "name", value), ...)))``, chained with
 #: ``starmap(setitem, ((a_list, ALL, items), ...))`` for items.
 commit: Final = collections.deque[object](maxlen=0).extend
+
+
+def stores(
+    *attributes: tuple[object, str, object],
+    items: tuple[tuple[Any, object, object], ...] = (),
+) -> None:
+    """Make every store of a transition at once: ``(obj, "name", value)``.
+
+    Each store is ``setattr(obj, "name", value)``; *items* are item stores,
+    ``(container, index, value)``: ``(a_list, ALL, values)`` replaces a
+    list's items. All run inside one C call (:data:`commit`):
+    an exception injected in this function's frame lands before the first
+    store or after the last one, never between two.
+    """
+    commit(chain(starmap(setattr, attributes), starmap(setitem, items)))
+
+
 # The C method that says whether the calling thread holds an RLock.
 is_owned: Callable[[object], bool] = vars(type(threading.RLock()))["_is_owned"]
 

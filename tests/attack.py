@@ -104,9 +104,21 @@ class Inject:
                 return self._line
             self.seen += 1
             if self.seen == self.n:
-                self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+                self.fired = f"{_where(frame)}:{frame.f_lineno}"
                 raise self.exc
         return self._line
+
+
+def _where(frame) -> str:
+    """The function a line belongs to, for the reports of a sweep.
+
+    The lifecycle's ``stores()`` makes the stores of the transition that
+    calls it: a line there is that transition's, named ``caller/stores``.
+    """
+    name = frame.f_code.co_name
+    if name == "stores" and frame.f_back is not None:
+        return f"{frame.f_back.f_code.co_name}/{name}"
+    return name
 
 
 class AfterCall:

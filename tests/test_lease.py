@@ -136,7 +136,7 @@ def _cut_exit(n, exc, *, retired):
     assert (0, 0) == (stats.leases, stats.pending_close), inject.fired
     # Closed once when retired, unless the exception cut the close hook's
     # own path short (the close path's contract: it propagates).
-    where = (inject.fired or ":").split(":")[0]
+    where = (inject.fired or ":").split(":")[0].split("/")[0]
     in_close = where in CLOSE_PATH
     expected = (0,) if not retired else (0, 1) if in_close else (1,)
     assert len(client.closes) in expected, inject.fired
