@@ -24,8 +24,12 @@ from poolkeeper._builds import (
     BuildRun,
     aended,
     building,
+    error_name,
+    log,
     log_built,
+    monotonic,
     read_key,
+    settle,
     waiting,
 )
 from poolkeeper._close import _LOOP_HINT, Closer, aclose_here, arun_each
@@ -76,6 +80,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     _self_key: Callable[[], object] | None
     _self_life: Lifecycle[T]
     _self_closer: Closer
+    _self_retire_on: Callable[[BaseException], bool] | None
     # (epoch, slot, sequence): the slot's record built *sequence*-th
     # matched the key read at *epoch* (see _get).
     _self_seen: tuple[int, Slot | None, int]
@@ -255,18 +260,68 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         """Retire the running loop's live client; the next await rebuilds.
 
         Within *min_rebuild_interval* seconds of the last build on this
-        loop nothing is retired.
+        loop nothing is retired now: the reset is deferred until the
+        interval ends (a timer carries it out, closing the client on its
+        loop) and ``False`` is returned.
 
         Returns:
-            Whether a client was retired.
+            Whether a client was retired now.
         """
         slot = self._slot()
         now = asyncio.get_running_loop().time()
+        life = self._self_life
         doomed: list[Record[T]] = []
         try:
-            return self._self_life.reset(slot, now, doomed)
+            verdict = life.reset(slot, now, doomed)
         finally:
             await self._close(doomed)
+        return settle(life, self._self_closer, slot, verdict)
+
+    async def retire(self, client: T) -> bool:
+        """Retire *client* if it is still the running loop's live client.
+
+        Compare-and-retire, as :meth:`ProcessSingleton.retire`: any number
+        of tasks (or threads) retiring the same client cause one
+        retirement and one build, a stale call retires nothing, and
+        healing rebuilds back off (a retirement within the backoff is
+        deferred, carried out by a timer). The retired client is closed on
+        its loop, after its last lease; awaited here when it closes now.
+
+        Returns:
+            Whether *client* was retired now.
+        """
+        return await self._heal(client, "retire", None)
+
+    async def _heal(
+        self, client: object, reason: str, error: BaseException | None
+    ) -> bool:
+        slot = self._running_slot()
+        if slot is None:
+            return False
+        life = self._self_life
+        doomed: list[Record[T]] = []
+        try:
+            verdict = life.heal(
+                slot, client, reason, error_name(error), monotonic(), doomed
+            )
+        finally:
+            await self._close(doomed)
+        return settle(life, self._self_closer, slot, verdict)
+
+    async def _retire_on(self, client: object, error: BaseException) -> None:
+        # As the sync driver's: never raises an Exception.
+        matches = self._self_retire_on
+        try:
+            if matches is not None and matches(error):
+                await self._heal(client, "retire_on", error)
+        except Exception as exc:  # noqa: BLE001 -- logged; theirs goes on.
+            log.warning(
+                "Retiring a client of %s on %s failed: %s.",
+                self._self_name,
+                type(error).__name__,
+                type(exc).__name__,
+                extra={"poolkeeper_factory": self._self_name},
+            )
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncGenerator[T, None]:
@@ -289,12 +344,20 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 if life.lease(candidate.slot, candidate, held):
                     break
             else:
-                raise too_many_rounds(self._self_name, "lease")
+                raise too_many_rounds(  # noqa: TRY301 -- before the block.
+                    self._self_name, "lease"
+                )
             yield held[0].client
         except GeneratorExit:
             # Closed at the yield, never exited: collected (the loop's
             # async generator finalizer) or its loop ended. It ends now.
             warn_dropped(self._self_name)
+            raise
+        except BaseException as exc:
+            # Escaping the block: retire_on may retire the leased client
+            # (its close waits for this lease's end, below).
+            if held and self._self_retire_on is not None:
+                await self._retire_on(held[0].client, exc)
             raise
         finally:
             # Each layer ends the lease if an exception cut the one before
@@ -336,7 +399,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         Returns:
             An immutable snapshot.
         """
-        return self._self_life.statistics(self._running_slot())
+        return self._self_life.statistics(self._running_slot(), monotonic())
 
     def __repr__(self) -> str:
         """Name the factory and the number of loops served."""

@@ -53,18 +53,23 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+import time
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from poolkeeper import _adapters
+from poolkeeper._close import close_soon, run_each
 from poolkeeper._identity import (
     evaluate_key,
     hash_key,
     key_fingerprint,
 )
+from poolkeeper._lease import loosen
+from poolkeeper._lifecycle import HEALING
 from poolkeeper._records import under
 from poolkeeper.exceptions import ReentrantBuildError
 
@@ -72,7 +77,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Generator
     from types import TracebackType
 
-    from poolkeeper._lifecycle import Lifecycle, Record, Ticket
+    from poolkeeper._close import Closer
+    from poolkeeper._lifecycle import Lifecycle, Record, Slot, Ticket
+    from poolkeeper._records import Verdict
 
 T = TypeVar("T")
 
@@ -316,3 +323,149 @@ def forget() -> None:
     global _lock  # noqa: PLW0603 -- replaced, never shared with the parent.
     _lock = threading.RLock()
     _waiting.clear()
+
+
+# -- healing ------------------------------------------------------------
+#
+# A retirement decided by the lifecycle (heal, reset, carry_out) comes
+# back as a Verdict: the driver closes what it retired (with no lock
+# held), logs a healing retirement at WARNING, and arms a timer for a
+# retirement deferred by the backoff or min_rebuild_interval. The timer
+# is a daemon thread holding the lifecycle, its closer and the slot,
+# never the singleton; a forked child has none of its parent's threads,
+# and forget_parent drops what they were for.
+
+#: Names the timer threads, so that tests and operators can find them.
+TIMER_NAME: Final = "poolkeeper-retire"
+
+
+def error_name(error: BaseException | None) -> str | None:
+    """The type name of *error*, never its message (it may hold secrets)."""
+    return None if error is None else type(error).__name__
+
+
+def settle(
+    life: Lifecycle[Any], closer: Closer, slot: Slot, verdict: Verdict | None
+) -> bool:
+    """Log *verdict* and arm its timer; return whether it retired now."""
+    if verdict is None:
+        return False
+    if verdict.retired:
+        log_retired(life.name, verdict)
+    elif verdict.delay is not None:
+        log.info(
+            "Deferred the retirement of %s (reason %s) by %.3f s: the "
+            "backoff is in force.",
+            life.name,
+            verdict.reason,
+            verdict.delay,
+            extra={
+                "poolkeeper_factory": life.name,
+                "poolkeeper_reason": verdict.reason,
+                "poolkeeper_delay": verdict.delay,
+            },
+        )
+        timer = threading.Timer(
+            max(verdict.delay, 0.0),
+            carry_out,
+            (life, closer, slot, verdict.sequence),
+        )
+        timer.daemon = True
+        timer.name = TIMER_NAME
+        timer.start()
+    return verdict.retired
+
+
+def carry_out(
+    life: Lifecycle[Any], closer: Closer, slot: Slot, sequence: int
+) -> None:
+    """A timer's end: carry out the retirement deferred for *sequence*.
+
+    On the timer's thread, which no caller waits for: a sync client is
+    closed here, an async one on its own loop (``close_soon``).
+    """
+    doomed: list[Record[Any]] = []
+    try:
+        verdict = life.carry_out(slot, sequence, doomed)
+    finally:
+        run_each(
+            (
+                *(functools.partial(close_soon, closer, r) for r in doomed),
+                functools.partial(loosen, life),
+            )
+        )
+    if verdict is not None:
+        log_retired(life.name, verdict)
+
+
+def log_retired(name: str, verdict: Verdict) -> None:
+    """Log a retirement: WARNING for healing; the error's type, no text."""
+    if verdict.reason not in HEALING:
+        log.debug(
+            "Retired %s (reason %s).",
+            name,
+            verdict.reason,
+            extra={
+                "poolkeeper_factory": name,
+                "poolkeeper_reason": verdict.reason,
+            },
+        )
+        return
+    log.warning(
+        "Retired %s (reason %s, error %s, age %.3f s); the next call "
+        "builds a new client.",
+        name,
+        verdict.reason,
+        verdict.error,
+        verdict.age,
+        extra={
+            "poolkeeper_factory": name,
+            "poolkeeper_reason": verdict.reason,
+            "poolkeeper_error_type": verdict.error,
+            "poolkeeper_age": verdict.age,
+        },
+    )
+
+
+def matcher(
+    name: str, retire_on: object
+) -> Callable[[BaseException], bool] | None:
+    """Return *retire_on* (validated) as ``exc -> bool``, or None.
+
+    A predicate that raises an ``Exception`` is logged and means "no
+    match": the exception being handled propagates unchanged.
+    """
+    if retire_on is None:
+        return None
+    if isinstance(retire_on, (type, tuple)):
+        types = cast("type | tuple[type, ...]", retire_on)
+
+        def matches_types(exc: BaseException) -> bool:
+            return isinstance(exc, types)
+
+        return matches_types
+    predicate = cast("Callable[[BaseException], object]", retire_on)
+
+    def matches(exc: BaseException) -> bool:
+        try:
+            return bool(predicate(exc))
+        except Exception as err:  # noqa: BLE001 -- logged, no match.
+            log.warning(
+                "The retire_on predicate of %s raised %s on %s; the "
+                "client is kept.",
+                name,
+                type(err).__name__,
+                type(exc).__name__,
+                extra={
+                    "poolkeeper_factory": name,
+                    "poolkeeper_error_type": type(err).__name__,
+                },
+            )
+            return False
+
+    return matches
+
+
+def monotonic() -> float:
+    """The clock of healing decisions (ages, the backoff)."""
+    return time.monotonic()

@@ -33,6 +33,7 @@ from typing import (
 
 from poolkeeper import _loops, _registry, keys
 from poolkeeper._async import AsyncProcessSingleton
+from poolkeeper._builds import matcher
 from poolkeeper._close import Closer
 from poolkeeper._filekeys import FileKey
 from poolkeeper._lease import lease_class
@@ -46,10 +47,24 @@ T = TypeVar("T")
 C_contra = TypeVar("C_contra", contravariant=True)
 S = TypeVar("S", ProcessSingleton[Any], AsyncProcessSingleton[Any])
 
-_OPTIONS = ("after_fork", "close", "fork", "key", "min_rebuild_interval")
+_OPTIONS = (
+    "after_fork",
+    "close",
+    "fork",
+    "key",
+    "min_rebuild_interval",
+    "retire_on",
+)
 
 KeyOption: TypeAlias = Union[  # noqa: UP007 -- evaluated on Python 3.10.
     Callable[[], object], tuple[Callable[[], object], ...], None
+]
+#: What *retire_on* takes: exception types, or a predicate on the error.
+RetireOn: TypeAlias = Union[  # noqa: UP007 -- evaluated on Python 3.10.
+    type[BaseException],
+    tuple[type[BaseException], ...],
+    Callable[[BaseException], bool],
+    None,
 ]
 
 
@@ -110,6 +125,7 @@ def process_singleton(
     after_fork: Callable[[object], object] | None = None,
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
+    retire_on: RetireOn = None,
 ) -> _Decorator: ...
 
 
@@ -123,6 +139,7 @@ def process_singleton(
     after_fork: Callable[[C_contra], object] | None = None,
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
+    retire_on: RetireOn = None,
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -136,6 +153,7 @@ def process_singleton(
     after_fork: Callable[[C_contra], object],
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
+    retire_on: RetireOn = None,
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -148,6 +166,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     after_fork: Callable[[Any], object] | None = None,
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
+    retire_on: RetireOn = None,
     **unknown: object,
 ) -> (
     ProcessSingleton[Any]
@@ -184,7 +203,15 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             ``"keep"``: the child keeps using the parent's, for clients
             documented as fork-safe.
         min_rebuild_interval: Seconds after a build during which
-            ``reset()`` retires nothing and returns ``False``.
+            ``reset()`` retires nothing and returns ``False``; the reset
+            is deferred, and a timer carries it out when they end.
+        retire_on: What means "this client is broken": an exception type,
+            a tuple of them, or a predicate ``exc -> bool`` (one that
+            raises is logged and means no). A matching exception escaping
+            a ``with single.lease()`` block, an ``async with`` lease, or
+            a method called through ``single.proxy()`` retires that
+            client (as ``retire()`` does, with its backoff) and then
+            propagates unchanged: never swallowed, never retried.
         **unknown: Rejected with a clear error; every option is named.
 
     Type checkers check both hooks against the factory's client type: a
@@ -198,7 +225,8 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     Raises:
         TypeError: If the factory is not callable, takes required
             parameters, or is a generator or async generator function;
-            if an option is unknown, or a hook is not callable.
+            if an option is unknown, a hook is not callable, or
+            *retire_on* is neither exception types nor a predicate.
         ValueError: If *fork* or *min_rebuild_interval* is out of range.
 
     .. versionadded:: 0.1
@@ -221,6 +249,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
         # A class of its own for each: its __call__ is the armed hit path.
         made = make_async if validate_factory(factory) else make
+        validate_retire_on(_name(factory), retire_on)
         return made(
             factory,
             key=combined_key,
@@ -228,6 +257,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             after_fork=after_fork,
             fork=fork,
             min_rebuild_interval=float(min_rebuild_interval),
+            retire_on=retire_on,
         )
 
     if factory is None:
@@ -266,6 +296,42 @@ def validate_options(
             f"of seconds >= 0, got {interval!r}."
         )
         raise ValueError(msg)
+
+
+def validate_retire_on(name: str, retire_on: object) -> None:
+    """Validate *retire_on*: exception types, or a predicate; or None."""
+    if retire_on is None:
+        return
+    parts = cast(
+        "tuple[object, ...]",
+        retire_on if isinstance(retire_on, tuple) else (retire_on,),
+    )
+    if isinstance(retire_on, tuple) and not parts:
+        msg = (
+            f"process_singleton(retire_on=()) for {name} names no exception "
+            "type: pass the types that mean the client is broken, a "
+            "predicate, or leave it out."
+        )
+        raise TypeError(msg)
+    types = [p for p in parts if isinstance(p, type)]
+    for part in types:
+        if not issubclass(part, BaseException):
+            msg = (
+                f"process_singleton(retire_on=...) for {name} takes "
+                "exception types, a tuple of them, or a predicate "
+                f"exc -> bool; {part.__name__} is not an exception type."
+            )
+            raise TypeError(msg)
+    if len(types) == len(parts):
+        return
+    if isinstance(retire_on, tuple) or not callable(retire_on):
+        bad = next(p for p in parts if not isinstance(p, type))
+        msg = (
+            f"process_singleton(retire_on=...) for {name} takes exception "
+            "types, a tuple of them, or a predicate exc -> bool, got "
+            f"{type(bad).__name__}."
+        )
+        raise TypeError(msg)
 
 
 def validate_positional(factory: object) -> None:
@@ -380,6 +446,7 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     after_fork: Callable[[T], object] | None,
     fork: str,
     min_rebuild_interval: float,
+    retire_on: object = None,
 ) -> ProcessSingleton[T]:
     """Return a new thread singleton for *factory*."""
     single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
@@ -400,9 +467,11 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     slot = single._self_slot = life.open_slot(None, None)[0]
     closer = Closer(life, close, is_async=False)
     _wire(single, name, key, life, closer)
+    single._self_retire_on = matcher(name, retire_on)
     # Making a lease runs no Python code: lease() is replaced by this
     # singleton's own lease class.
-    leases = lease_class(single, life, slot, closer, name)
+    heals = retire_on is not None
+    leases = lease_class(single, life, slot, closer, name, heals=heals)
     type.__setattr__(own, "lease", leases)
     entry = _registry.Entry(life, closer, after_fork, keep=fork == "keep")
     _register(single, key, entry)
@@ -417,6 +486,7 @@ def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
     after_fork: Callable[[T], object] | None,
     fork: str,
     min_rebuild_interval: float,
+    retire_on: object = None,
 ) -> AsyncProcessSingleton[T]:
     """Return a new per-loop singleton for the ``async def`` *factory*."""
     single: AsyncProcessSingleton[T] = _own(AsyncProcessSingleton, factory)
@@ -432,6 +502,7 @@ def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
     single._self_seen = (-1, None, 0)
     closer = Closer(life, close, is_async=True)
     _wire(single, name, key, life, closer)
+    single._self_retire_on = matcher(name, retire_on)
     entry = _registry.Entry(
         life,
         closer,

@@ -81,6 +81,9 @@ class Lease(Generic[T]):
     _slot: ClassVar[Slot]
     _closer: ClassVar[Closer]
     _name: ClassVar[str]
+    # Whether the singleton has retire_on: an exception escaping the with
+    # block is then offered to it (see _exit_raising).
+    _heals: ClassVar[bool] = False
     # What the fast path reads, in one tuple: a class attribute read
     # through an instance costs a dictionary miss and a type lookup.
     _hot: ClassVar[
@@ -160,7 +163,12 @@ class Lease(Generic[T]):
         raise too_many_rounds(self._name, "lease")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        """End the pin; close the client if it was retired meanwhile."""
+        """End the pin; close the client if it was retired meanwhile.
+
+        With *retire_on*, an exception escaping the block that matches it
+        retires the leased client once the pin has ended; the exception
+        propagates unchanged.
+        """
         # Each layer finishes what an exception cut short inside it. Only
         # an exception at this first line, before any of it runs, escapes
         # them (as it escapes any with statement's exit).
@@ -181,6 +189,19 @@ class Lease(Generic[T]):
         finally:
             if self.pin is not DONE or self.doomed is not None:
                 self._finish()
+        # The pin has ended. An exception escaping the block (never on the
+        # fast path) is offered to retire_on, with the client it ran on.
+        if exc is not None and self._heals:
+            self._retire_on(record, cast("BaseException", exc))
+
+    def _retire_on(
+        self, record: Record[Any] | Ended | None, exc: BaseException
+    ) -> None:
+        # The driver's retire_on never raises an Exception: the block's
+        # exception propagates unchanged.
+        single = self._hot[0]()
+        if isinstance(record, Record) and single is not None:
+            single._retire_on(record.client, exc)
 
     def _finish(self) -> None:
         # The slow path, idempotent: the last lease of a retired record, or
@@ -195,12 +216,14 @@ class Lease(Generic[T]):
             self.doomed = None
 
 
-def lease_class(
+def lease_class(  # noqa: PLR0913 -- what its leases carry.
     single: object,
     life: Lifecycle[T],
     slot: Slot,
     closer: Closer,
     name: str,
+    *,
+    heals: bool = False,
 ) -> type[Lease[T]]:
     """Return the lease class of *single*; it holds *single* weakly."""
     return cast(
@@ -215,6 +238,7 @@ def lease_class(
                 "_slot": slot,
                 "_closer": closer,
                 "_name": name,
+                "_heals": heals,
                 "_hot": (weakref.ref(single), slot, life, life.lock_free),
             },
         ),

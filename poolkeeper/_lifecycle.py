@@ -40,6 +40,20 @@ I5. Owed closes. A close decided here is in ``owed`` until a close claims
     short before it began is done later (``close_all()``) and none twice.
 I6. Fork. ``forget_parent`` takes no lock (another thread may have held
     it at the fork), logs nothing and never raises.
+
+Healing (``heal``, ``carry_out``): a healing retirement (``retire()``,
+*retire_on*) compares and retires: it retires the client only while it is
+its slot's live one, so any number of callers retiring the same client
+cause one retirement. Rebuilds caused by healing back off: the first is
+immediate, and the next client's spacing is :data:`BACKOFF_FIRST`
+seconds. A healing retirement of a client younger than its spacing is
+deferred until the client is that old (the driver arms a timer, which
+calls ``carry_out``), and the client after it gets twice the spacing, up
+to :data:`BACKOFF_CAP`. A client that lives a full spacing resets it: its
+healing retirement is immediate again, and the next spacing is
+:data:`BACKOFF_FIRST`. A ``reset()`` inside *min_rebuild_interval* is
+deferred the same way, until the interval ends. Retirements are counted
+by reason (:data:`REASONS`).
 """
 
 from __future__ import annotations
@@ -50,6 +64,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 from itertools import chain, starmap
 from operator import setitem
 from typing import (
@@ -76,6 +91,7 @@ from poolkeeper._records import (
     Slot,
     Statistics,
     Ticket,
+    Verdict,
     Wait,
     commit,
     is_owned,
@@ -114,6 +130,27 @@ R = TypeVar("R")
 
 #: How many builds for other keys a call waits out before giving up.
 MAX_ROUNDS: Final = 100
+
+#: Healing's backoff, in seconds: the spacing after a first healing
+#: retirement, doubled after each retirement that falls inside it, up to
+#: BACKOFF_CAP. Read at each decision (tests patch them).
+BACKOFF_FIRST = 1.0
+BACKOFF_CAP = 60.0
+
+#: Why a client was retired: the keys of ``Statistics.retirements``.
+REASONS: Final[tuple[str, ...]] = (
+    "key",
+    "fork",
+    "reset",
+    "retire",
+    "retire_on",
+    "check",
+    "max_age",
+    "close_all",
+    "loop_end",
+)
+#: The reasons that heal: their rebuilds back off.
+HEALING: Final = frozenset(("retire", "retire_on", "check", "max_age"))
 
 # Epochs: each change of a subscribed variable stores a number never stored
 # before (next() on it is atomic), so an epoch that still equals the one a
@@ -273,6 +310,13 @@ class Lifecycle(Generic[T]):
         self.closes = 0
         self.close_failures = 0
         self.resets_refused = 0
+        self.retirements: dict[str, int] = dict.fromkeys(REASONS, 0)
+
+    def _counted(self, reason: str, n: int = 1) -> dict[str, int]:
+        """The retirement counters with *n* more for *reason*; a copy."""
+        counts = dict(self.retirements)
+        counts[reason] += n
+        return counts
 
     def _retire(
         self, slot: Slot, old: Record[Any] | None, keep: Record[Any] | None
@@ -312,10 +356,32 @@ class Lifecycle(Generic[T]):
         return any(r.client is client for r in others if r is not record)
 
     @locked
-    def statistics(self, slot: Slot | None) -> Statistics:
-        """Return a snapshot; live fields describe *slot*."""
+    def statistics(
+        self, slot: Slot | None, now: float | None = None
+    ) -> Statistics:
+        """Return a snapshot; live fields describe *slot*.
+
+        *now* (monotonic) tells whether the live client has outlived its
+        backoff; without it the backoff is the slot's spacing.
+        """
         live = None if slot is None else slot.live
         records = list(self._holders())
+        backoff, deferred = 0.0, None
+        if slot is not None:
+            backoff = slot.spacing
+            if (
+                live is not None
+                and now is not None
+                and now - live.built_at >= backoff
+            ):
+                backoff = 0.0
+            pending = slot.deferred
+            if (
+                pending is not None
+                and live is not None
+                and pending[0] == live.sequence
+            ):
+                deferred = pending[1]
         return Statistics(
             builds=self.builds,
             build_failures=self.build_failures,
@@ -328,6 +394,9 @@ class Lifecycle(Generic[T]):
             pending_close=sum(len(s.retired) for s in self.slots.values()),
             resets_refused=self.resets_refused,
             is_overridden=bool(self.overrides),
+            retirements=dict(self.retirements),
+            backoff=backoff,
+            deferred=deferred,
         )
 
     # -- requests and builds -------------------------------------------------
@@ -424,6 +493,7 @@ class Lifecycle(Generic[T]):
         old = slot.live
         retired, out, state, box = self._retire(slot, old, keep=new)
         owed, builds = (*self.owed, *out), self.builds + 1
+        counts = self.retirements if old is None else self._counted("key")
         stores(
             (slot, "live", new),
             (slot, "build", build),
@@ -432,6 +502,8 @@ class Lifecycle(Generic[T]):
             (box, "state", state),
             (self, "generation", new.generation),
             (self, "builds", builds),
+            (self, "retirements", counts),
+            (slot, "deferred", None),
             (ticket, "record", new),
             (ticket, "finished", True),
             (self, "owed", owed),
@@ -629,34 +701,181 @@ class Lifecycle(Generic[T]):
             del self.slots[slot.key]
         kept = (r for r in self.owed if r.slot is not slot)
         owed = (*kept, *close)
+        counts = self._counted("loop_end", 0 if slot.live is None else 1)
         stores(
             (slot, "live", None),
             (slot, "retired", ()),
             (slot, "dropped", True),
+            (slot, "deferred", None),
             (self, "owed", owed),
+            (self, "retirements", counts),
             items=((doomed, ALL, close),),
         )
 
     @locked
-    def reset(self, slot: Slot, now: float, doomed: list[Record[T]]) -> bool:
-        """Retire *slot*'s live client unless rate-limited; say if it was."""
+    def reset(
+        self, slot: Slot, now: float, doomed: list[Record[T]]
+    ) -> Verdict | None:
+        """Retire *slot*'s live client unless rate-limited.
+
+        Returns None when no client is live. Within *min_interval* of the
+        last build (on *now*'s clock) the reset is refused, counted in
+        ``resets_refused`` and deferred until the interval ends: the
+        verdict's *delay* says when, for the driver's timer (None when a
+        deferral was already pending).
+        """
         live = slot.live
         if live is None:
-            return False
-        if now - slot.built_at < self.min_interval:
+            return None
+        wait = self.min_interval - (now - slot.built_at)
+        if wait > 0:
             self.resets_refused += 1
-            return False
+            return self._defer(slot, live, "reset", None, wait)
+        return self._retire_live(slot, live, "reset", None, doomed)
+
+    @locked
+    def heal(  # noqa: PLR0913, PLR0917 -- what a retirement knows.
+        self,
+        slot: Slot,
+        client: object,
+        reason: str,
+        error: str | None,
+        now: float,
+        doomed: list[Record[T]],
+    ) -> Verdict | None:
+        """Retire *client* for *reason* if it is *slot*'s live client.
+
+        Compare-and-retire: None when *client* is not live in *slot* (a
+        stale retirement, an override's stand-in). A client younger than
+        its slot's spacing (*now* on the monotonic clock) stays live and
+        its retirement is deferred (see the module's docstring); *error*
+        is the type name of the exception that caused it.
+        """
+        live = slot.live
+        if (
+            live is None
+            or live.client is not client
+            or live.state is not ClientState.LIVE
+        ):
+            return None
+        age = now - live.built_at
+        wait = slot.spacing - age
+        pending = slot.deferred
+        if pending is not None and pending[0] == live.sequence:
+            if now < pending[3]:
+                return self._defer(slot, live, reason, error, wait)
+            # Due and not carried out (its timer was cut short): now.
+            _, reason, error, _ = pending
+            return self._retire_live(
+                slot, live, reason, error, doomed, deferred=True
+            )
+        if wait > 0:
+            return self._defer(slot, live, reason, error, wait)
+        return self._retire_live(slot, live, reason, error, doomed)
+
+    @locked
+    def carry_out(
+        self, slot: Slot, sequence: int, doomed: list[Record[T]]
+    ) -> Verdict | None:
+        """Carry out the retirement deferred for record *sequence*.
+
+        Called by the driver's timer once it is due; None when it no
+        longer applies (the client was retired or replaced meanwhile).
+        """
+        live = slot.live
+        pending = slot.deferred
+        if (
+            live is None
+            or pending is None
+            or pending[0] != sequence
+            or live.sequence != sequence
+        ):
+            return None
+        _, reason, error, _ = pending
+        return self._retire_live(
+            slot, live, reason, error, doomed, deferred=True
+        )
+
+    def _defer(
+        self,
+        slot: Slot,
+        live: Record[T],
+        reason: str,
+        error: str | None,
+        wait: float,
+    ) -> Verdict:
+        """Defer *live*'s retirement by *wait* seconds; one store.
+
+        A deferral already pending for *live* stands (no new timer).
+        """
+        pending = slot.deferred
+        age = time.monotonic() - live.built_at
+        if pending is not None and pending[0] == live.sequence:
+            return Verdict(
+                retired=False,
+                delay=None,
+                age=age,
+                reason=pending[1],
+                error=pending[2],
+                sequence=live.sequence,
+            )
+        due = time.monotonic() + wait
+        slot.deferred = (live.sequence, reason, error, due)
+        return Verdict(
+            retired=False,
+            delay=wait,
+            age=age,
+            reason=reason,
+            error=error,
+            sequence=live.sequence,
+        )
+
+    def _retire_live(  # noqa: PLR0913 -- what a retirement knows.
+        self,
+        slot: Slot,
+        live: Record[T],
+        reason: str,
+        error: str | None,
+        doomed: list[Record[T]],
+        *,
+        deferred: bool = False,
+    ) -> Verdict:
+        """Retire *slot*'s *live* record for *reason*; one commit.
+
+        A healing retirement sets the spacing of the next client: one
+        that was *deferred* doubles it, up to BACKOFF_CAP; any other
+        (the slot had no spacing, or *live* outlived it) starts it at
+        BACKOFF_FIRST.
+        """
         self._disarm()
+        spacing = slot.spacing
+        age = time.monotonic() - live.built_at
+        if reason in HEALING:
+            spacing = (
+                min(spacing * 2, BACKOFF_CAP)
+                if deferred and spacing
+                else BACKOFF_FIRST
+            )
         retired, out, state, box = self._retire(slot, live, keep=None)
         owed = (*self.owed, *out)
         stores(
             (slot, "live", None),
             (slot, "retired", retired),
+            (slot, "deferred", None),
+            (slot, "spacing", spacing),
             (box, "state", state),
             (self, "owed", owed),
+            (self, "retirements", self._counted(reason)),
             items=((doomed, ALL, out),),
         )
-        return True
+        return Verdict(
+            retired=True,
+            delay=None,
+            age=age,
+            reason=reason,
+            error=error,
+            sequence=live.sequence,
+        )
 
     @locked
     def detach(self, doomed: list[Record[T]]) -> None:
@@ -669,11 +888,14 @@ class Lifecycle(Generic[T]):
                 continue
             retired, more, state, box = self._retire(slot, live, None)
             owed = (*self.owed, *more)
+            counts = self._counted("close_all")
             stores(
                 (slot, "live", None),
                 (slot, "retired", retired),
+                (slot, "deferred", None),
                 (box, "state", state),
                 (self, "owed", owed),
+                (self, "retirements", counts),
             )
             out.extend(more)
         doomed[:] = out
@@ -836,12 +1058,15 @@ class Lifecycle(Generic[T]):
         self.arm(None, None, self.pushed)
         self.armed = None
         self.owed = ()  # The parent's to close, never the child's.
+        # The parent's timers are not the child's: a deferred retirement
+        # is dropped with them, and the backoff starts afresh.
         for slot in self.slots.values():
-            slot.build = None
+            slot.build, slot.deferred, slot.spacing = None, None, 0.0
         if keep:
             self.pid = os.getpid()
             return []
         abandoned = list(self._holders())
+        live = sum(slot.live is not None for slot in self.slots.values())
         for record in abandoned:
             record.open, record.state = False, ClientState.ABANDONED
         for slot in self.slots.values():
@@ -849,4 +1074,7 @@ class Lifecycle(Generic[T]):
             slot.dropped = slot.key is not None
         self.slots = {k: s for k, s in self.slots.items() if k is None}
         self._zero()
+        # The child's counters start at zero, but for the live clients
+        # it abandoned at the fork.
+        self.retirements["fork"] = live
         return abandoned

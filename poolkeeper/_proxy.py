@@ -18,6 +18,7 @@ _get = object.__getattribute__
 # The proxy's own attributes; every other name is looked up on the client.
 _OWN = frozenset(
     (
+        "_self_heal",
         "_self_last",
         "_self_live",
         "_self_single",
@@ -115,3 +116,68 @@ class ClientProxy(_Base):
     def __repr__(self) -> str:
         """Say what the proxy follows, without building anything."""
         return f"<poolkeeper proxy of {self._self_single!r}>"
+
+
+class HealingProxy(ClientProxy):
+    """A handle of a singleton with *retire_on*: methods that fail heal.
+
+    Every callable attribute is returned wrapped: a call that raises has
+    *heal* called with the client it was looked up on and the exception
+    (which retires that client if *retire_on* matches), and the exception
+    then propagates unchanged. Calling the handle itself does the same.
+    The handle of a singleton without *retire_on* is a plain
+    :class:`ClientProxy`, unchanged. An awaitable a method returns is
+    returned as is: what its ``await`` raises is not seen.
+    """
+
+    def __init__(
+        self,
+        single: Callable[[], object],
+        heal: Callable[[object, BaseException], object],
+    ) -> None:
+        """Follow *single*; report failing calls to *heal*."""
+        super().__init__(single)
+        self._self_heal = heal
+
+    def __getattribute__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
+        """Look *name* up on the live client; wrap a method so it heals."""
+        if name in _OWN:
+            return _get(self, name)
+        client = _get(self, "_self_single")()
+        if client is not _get(self, "_self_last"):
+            client = _get(self, "_self_live")()
+        if name == "__wrapped__":
+            return client
+        value = getattr(client, name)
+        if not callable(value):
+            return value
+        return _healing(value, client, _get(self, "_self_heal"))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        """Call the live client; a failing call heals."""
+        client = self._self_live()
+        return _healing(client, client, _get(self, "_self_heal"))(
+            *args, **kwargs
+        )
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        """Pickle by reference to the singleton, never the client."""
+        heal = _get(self, "_self_heal")
+        return (HealingProxy, (_get(self, "_self_single"), heal))
+
+
+def _healing(
+    method: Callable[..., Any],
+    client: object,
+    heal: Callable[[object, BaseException], object],
+) -> Callable[..., Any]:
+    """Return *method*, calling *heal* with *client* when it raises."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        try:
+            return method(*args, **kwargs)
+        except BaseException as exc:
+            heal(client, exc)
+            raise
+
+    return call

@@ -15,7 +15,8 @@ import collections
 import enum
 import itertools
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from itertools import chain, starmap
 from operator import setitem
 from typing import (
@@ -30,7 +31,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -126,6 +127,7 @@ class Record(Generic[T]):
     """A built client and what the lifecycle knows about it."""
 
     __slots__ = (
+        "built_at",
         "client",
         "fingerprint",
         "generation",
@@ -146,6 +148,8 @@ class Record(Generic[T]):
         self.slot = ticket.slot
         self.generation = generation
         self.sequence = next(_sequence)
+        # When it was made, on the monotonic clock: its age when retired.
+        self.built_at = time.monotonic()
         # Async leases count here, under the lifecycle's lock; sync leases
         # pin in pins, without it (see I3 in poolkeeper._lifecycle).
         self.leases = 0
@@ -227,12 +231,14 @@ class Slot:
     __slots__ = (
         "build",
         "built_at",
+        "deferred",
         "dropped",
         "hook",
         "key",
         "live",
         "loop",
         "retired",
+        "spacing",
     )
 
     def __init__(self, key: object = None, loop: Any = None) -> None:  # noqa: ANN401
@@ -247,6 +253,40 @@ class Slot:
         # The async driver's loop-end hook, and whether it was let go.
         self.hook: object = None
         self.dropped = False
+        # Healing's backoff: the spacing a healing retirement of the live
+        # client must keep from its build (0: none, retire at once), and
+        # the retirement deferred until then, if any: (the live record's
+        # sequence, reason, error type name, monotonic time due).
+        self.spacing = 0.0
+        self.deferred: tuple[int, str, str | None, float] | None = None
+
+
+class Verdict:
+    """A retirement's outcome, for the driver to log and carry out.
+
+    *retired*: the client was retired now. *delay*: seconds after which
+    a deferred retirement is due (the driver arms a timer), None when
+    nothing new was deferred. *age*: the client's age in seconds.
+    """
+
+    __slots__ = ("age", "delay", "error", "reason", "retired", "sequence")
+
+    def __init__(  # noqa: PLR0913 -- one field each.
+        self,
+        *,
+        retired: bool,
+        delay: float | None,
+        age: float,
+        reason: str,
+        error: str | None,
+        sequence: int,
+    ) -> None:
+        self.retired = retired
+        self.delay = delay
+        self.age = age
+        self.reason = reason
+        self.error = error
+        self.sequence = sequence
 
 
 class Serve:
@@ -320,6 +360,22 @@ class Statistics:
         resets_refused: ``reset()`` calls refused by
             *min_rebuild_interval*.
         is_overridden: Whether an ``override()`` block is active.
+        retirements: Clients retired in this process, by reason; every
+            reason is a key, 0 until it happens: ``"key"`` (the key
+            changed), ``"fork"`` (in a forked child: the parent's live
+            clients it abandoned), ``"reset"``, ``"retire"``
+            (``retire()``), ``"retire_on"``, ``"check"``, ``"max_age"``,
+            ``"close_all"`` (``close_all()``, ``aclose_all()`` and a
+            collected singleton), ``"loop_end"`` (an event loop's end).
+        backoff: The healing backoff now in force, in seconds: a healing
+            retirement of the live client (``retire()``, *retire_on*)
+            within this long of its build is deferred until then. 0 when
+            a healing retirement would be carried out at once.
+        deferred: The reason of a retirement of the live client that
+            waits for the backoff (or *min_rebuild_interval*, for
+            ``reset()``) to end, ``None`` when none waits.
+        probes: Health probes run (``check``; 0 until it exists).
+        probe_failures: Health probes that failed.
 
     .. versionadded:: 0.1
     """
@@ -335,3 +391,8 @@ class Statistics:
     pending_close: int
     resets_refused: int
     is_overridden: bool
+    retirements: Mapping[str, int] = field(default_factory=dict[str, int])
+    backoff: float = 0.0
+    deferred: str | None = None
+    probes: int = 0
+    probe_failures: int = 0

@@ -22,9 +22,13 @@ from poolkeeper._builds import (
     BuildRun,
     building,
     ended,
+    error_name,
+    log,
     log_built,
+    monotonic,
     read_key,
     refuse_coroutine,
+    settle,
     waiting,
 )
 from poolkeeper._close import Closer, run_each
@@ -44,7 +48,7 @@ from poolkeeper._lifecycle import (
     Wait,
     constant,
 )
-from poolkeeper._proxy import ClientProxy
+from poolkeeper._proxy import ClientProxy, HealingProxy
 
 if TYPE_CHECKING:
     import weakref
@@ -166,6 +170,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_life: Lifecycle[T]
     _self_slot: Slot
     _self_closer: Closer
+    _self_retire_on: Callable[[BaseException], bool] | None
 
     # The hit path. Each singleton has its own subclass (see _decorator), and
     # while a client is live and its key cannot have changed, that class's
@@ -308,19 +313,76 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
         The retired client is closed now, with no lock held, or when its
         last lease exits. Within *min_rebuild_interval* seconds of the last
-        build nothing is retired, so an error handler that resets on every
-        failure cannot turn into a build storm.
+        build the reset is deferred, not dropped: it returns ``False``
+        (counted in ``statistics().resets_refused``), the client stays
+        live, and a timer retires it when the interval ends. An error
+        handler that resets on every failure thus cannot turn into a build
+        storm, and still gets its rebuild.
 
         Returns:
-            Whether a client was retired.
+            Whether a client was retired now.
         """
+        life, slot = self._self_life, self._self_slot
         doomed: list[Record[T]] = []
         try:
-            return self._self_life.reset(
-                self._self_slot, time.monotonic(), doomed
+            verdict = life.reset(slot, time.monotonic(), doomed)
+        finally:
+            self._close(doomed)
+        return settle(life, self._self_closer, slot, verdict)
+
+    def retire(self, client: T) -> bool:
+        """Retire *client* if it is still the live client: compare-and-retire.
+
+        For a client found broken (closed by user code, a pool that no
+        longer recovers). Any number of callers retiring the same client
+        cause one retirement and one build; a stale call, for a client
+        already replaced (or an override's stand-in), retires nothing. The
+        retired client is closed as ``reset()`` closes it: with no lock
+        held, after its last lease. It is logged at WARNING on the
+        ``poolkeeper`` logger.
+
+        Healing rebuilds back off: the first is immediate, but a client
+        retired within the backoff of its build (1 s after a first healing
+        retirement, doubling up to 60 s while each new client fails as
+        fast; see ``statistics().backoff``) stays live until the backoff
+        ends, when a timer retires it (``statistics().deferred`` says
+        so). No caller waits and none is refused.
+
+        Returns:
+            Whether *client* was retired now: ``False`` when it is not the
+            live client, or when its retirement was deferred.
+        """
+        return self._heal(client, "retire", None)
+
+    def _heal(
+        self, client: object, reason: str, error: BaseException | None
+    ) -> bool:
+        life, slot = self._self_life, self._self_slot
+        doomed: list[Record[T]] = []
+        try:
+            verdict = life.heal(
+                slot, client, reason, error_name(error), monotonic(), doomed
             )
         finally:
             self._close(doomed)
+        return settle(life, self._self_closer, slot, verdict)
+
+    def _retire_on(self, client: object, error: BaseException) -> None:
+        # An exception escaping a lease or a proxy's method: retire its
+        # client if retire_on matches it. Never raises an Exception, so
+        # that the caller's propagates unchanged.
+        matches = self._self_retire_on
+        try:
+            if matches is not None and matches(error):
+                self._heal(client, "retire_on", error)
+        except Exception as exc:  # noqa: BLE001 -- logged; theirs goes on.
+            log.warning(
+                "Retiring a client of %s on %s failed: %s.",
+                self._self_name,
+                type(error).__name__,
+                type(exc).__name__,
+                extra={"poolkeeper_factory": self._self_name},
+            )
 
     def lease(self) -> AbstractContextManager[T]:
         """Pin the live client for the duration of a ``with`` block.
@@ -345,11 +407,21 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         follows key rotation and never reaches a retired client. Nothing is
         built until it is first used. It pickles by reference.
 
+        With *retire_on* set, a method called through the handle (or the
+        handle called) that raises a matching exception retires the client
+        it ran on (as ``retire()`` does), and the exception propagates
+        unchanged. Hold the handle, not a client, for hours: healing then
+        reaches the code that uses it.
+
         Returns:
             A transparent proxy, typed as the client.
         """
         single = cast("Callable[[], T]", self)  # A ProcessSingleton.
-        return cast("T", ClientProxy(single))
+        if self._self_retire_on is None:
+            return cast("T", ClientProxy(single))
+        # With retire_on: a method called through it that raises a
+        # matching exception retires the client it was called on.
+        return cast("T", HealingProxy(single, self._retire_on))
 
     def current(self) -> T | None:
         """Return the live client without building one.
@@ -368,7 +440,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         Returns:
             The counters of this process.
         """
-        return self._self_life.statistics(self._self_slot)
+        return self._self_life.statistics(self._self_slot, monotonic())
 
     def __repr__(self) -> str:
         """Describe the singleton with its key fingerprint, never the key."""
