@@ -194,11 +194,13 @@ class Lease(Generic[T]):
         if exc is not None and self._heals:
             self._retire_on(record, cast("BaseException", exc))
 
-    def _retire_on(self, record: object, exc: BaseException) -> None:
+    def _retire_on(
+        self, record: Record[Any] | Ended | None, exc: BaseException
+    ) -> None:
         # The driver's retire_on never raises an Exception: the block's
         # exception propagates unchanged.
         single = self._hot[0]()
-        if type(record) is Record and single is not None:
+        if isinstance(record, Record) and single is not None:
             single._retire_on(record.client, exc)
 
     def _finish(self) -> None:
