@@ -89,6 +89,7 @@ nitpick_ignore = [
     ("py:class", "_Decorator"),
     ("py:class", "_HookedDecorator"),
     ("py:class", "KeyOption"),
+    ("py:class", "RetireOn"),
 ]
 
 # -- HTML ---------------------------------------------------------------------

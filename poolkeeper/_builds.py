@@ -353,9 +353,9 @@ def settle(
     if verdict.retired:
         log_retired(life.name, verdict)
     elif verdict.delay is not None:
-        log.info(
+        log.debug(
             "Deferred the retirement of %s (reason %s) by %.3f s: the "
-            "backoff is in force.",
+            "backoff (or min_rebuild_interval) is in force.",
             life.name,
             verdict.reason,
             verdict.delay,
