@@ -37,6 +37,8 @@ from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from typing_extensions import Self
+
 ROOT = Path(__file__).parent
 FAKE_ENVIRON = {
     "API_URL": "http://127.0.0.1:9/",
@@ -63,9 +65,22 @@ class FakeHttpClient:
         self.requests: list[tuple[str, str]] = []
         self.closed = False
 
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` was called, as on the real client."""
+        return self.closed
+
+    def __enter__(self) -> Self:
+        """Return the client, as the real one does."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close it, as the real one does."""
+        self.close()
+
     def _request(self, method: str, url: str) -> FakeResponse:
         if self.closed:
-            msg = "request on a closed client"
+            msg = "Cannot send a request, as the client has been closed."
             raise RuntimeError(msg)
         self.requests.append((method, url))
         return FakeResponse()

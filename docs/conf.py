@@ -89,6 +89,8 @@ nitpick_ignore = [
     ("py:class", "_Decorator"),
     ("py:class", "_HookedDecorator"),
     ("py:class", "KeyOption"),
+    # What retire_on= takes (types or a predicate), a private alias of
+    # process_singleton's signature, as KeyOption is for key=.
     ("py:class", "RetireOn"),
 ]
 

@@ -12,6 +12,7 @@ from poolkeeper import process_singleton
 from poolkeeper_daytona._client import _KEY, _build
 from poolkeeper_daytona._guard import unrecognised
 from poolkeeper_daytona._sdk import require_sdk
+from poolkeeper_daytona._transport import is_transport_failure
 
 if TYPE_CHECKING:
     import daytona
@@ -55,7 +56,9 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
             await asyncio.wait_for(shutdown(), _SHUTDOWN_SECONDS)
 
 
-@process_singleton(key=_KEY, close=aclose_daytona)
+@process_singleton(
+    key=_KEY, close=aclose_daytona, retire_on=is_transport_failure
+)
 async def async_daytona_client() -> daytona.AsyncDaytona:
     """Return the running loop's ``daytona.AsyncDaytona``, from the env.
 
@@ -63,6 +66,9 @@ async def async_daytona_client() -> daytona.AsyncDaytona:
     (``DAYTONA_API_KEY``, the key file, ``DAYTONA_API_URL``, …) and rebuilt
     when any of it changes. One client per process and event loop; a
     retired client is closed with :func:`aclose_daytona` on its own loop.
+    A broken connection under ``async with async_daytona_client.lease()``
+    retires the client, as for ``daytona_client``
+    (:func:`~poolkeeper_daytona.is_transport_failure`).
 
     Raises:
         DaytonaCredentialsError: If no credentials are found.

@@ -12,6 +12,7 @@ from poolkeeper import fingerprint, keys, process_singleton
 
 from poolkeeper_daytona._close import _after_fork, close_daytona
 from poolkeeper_daytona._sdk import require_sdk
+from poolkeeper_daytona._transport import is_transport_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -173,7 +174,12 @@ def _build(cls: type[_Client]) -> _Client:
         return cls(config)
 
 
-@process_singleton(key=_KEY, close=close_daytona, after_fork=_after_fork)
+@process_singleton(
+    key=_KEY,
+    close=close_daytona,
+    after_fork=_after_fork,
+    retire_on=is_transport_failure,
+)
 def daytona_client() -> daytona.Daytona:
     """Return the process's ``daytona.Daytona``, configured from the env.
 
@@ -198,6 +204,17 @@ def daytona_client() -> daytona.Daytona:
       makes the next call look at the file it names at once.
 
     A forked child builds its own and leaves the parent's untouched.
+
+    A broken connection retires the client (``retire_on`` is
+    :func:`~poolkeeper_daytona.is_transport_failure`): when a call made
+    inside ``with daytona_client.lease() as client:``, or through
+    ``daytona_client.proxy()``, fails because the connection broke (a TLS
+    EOF, a reset, a refused connection), the client is retired and the
+    exception propagates unchanged; the next call builds a new client,
+    with poolkeeper's healing backoff. An answer of the API (4xx, 429,
+    5xx) and a timeout retire nothing. A client taken with a plain
+    ``daytona_client()`` call is not watched: its errors never reach
+    poolkeeper.
 
     The ``daytona`` SDK is imported at the first build, not when this
     module is: a project without it imports and decorates freely.
@@ -268,11 +285,17 @@ def make_daytona_singleton(
     making the singleton never imports the SDK; the config is then built
     from them at each build.
 
+    A broken connection retires the client, as for
+    :data:`daytona_client`: ``retire_on`` defaults to
+    :func:`~poolkeeper_daytona.is_transport_failure`. Pass your own
+    ``retire_on`` to replace it, or ``retire_on=None`` to retire nothing.
+
     Args:
         config_factory: Returns the ``DaytonaConfig`` to build with, or
             a mapping of its keyword arguments.
         **options: Passed to :func:`poolkeeper.process_singleton`; ``key``,
-            ``close`` and ``after_fork`` replace this function's defaults.
+            ``close``, ``after_fork`` and ``retire_on`` replace this
+            function's defaults.
 
     Returns:
         The singleton; call it to get the client.
@@ -297,6 +320,7 @@ def make_daytona_singleton(
     options.setdefault("key", (config_key, *_KEY))
     options.setdefault("close", close_daytona)
     options.setdefault("after_fork", _after_fork)
+    options.setdefault("retire_on", is_transport_failure)
     singleton: ProcessSingleton[daytona.Daytona] = process_singleton(
         **options
     )(build)

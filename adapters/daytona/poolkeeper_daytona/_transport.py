@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import http.client
 import importlib
 import ssl
 
@@ -55,6 +54,9 @@ def _lookup(names: tuple[tuple[str, str], ...]) -> tuple[type, ...]:
 @functools.cache
 def _types() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
     """Return (transport, timeout, not-a-timeout) exception types."""
+    # Imported at the first classification, not with daytona_client.
+    import http.client  # noqa: PLC0415
+
     transport = (
         ssl.SSLError,
         ConnectionError,
@@ -106,9 +108,9 @@ def is_transport_failure(exc: BaseException) -> bool:
     client is not broken: urllib3 already drops such a connection), and
     for anything else.
 
-    This is the classification the upcoming ``retire_on`` default of
-    :func:`~poolkeeper_daytona.daytona_client` will use; today it is a
-    function for your own error handling.
+    It is the ``retire_on`` of :data:`~poolkeeper_daytona.daytona_client`
+    and, by default, of :func:`~poolkeeper_daytona.make_daytona_singleton`
+    and :data:`~poolkeeper_daytona.async_daytona_client`.
 
     Args:
         exc: An exception raised by a ``daytona.Daytona`` or
