@@ -119,28 +119,22 @@ class ClientProxy(_Base):
 
 
 class HealingProxy(ClientProxy):
-    """A handle of a singleton with *retire_on*: methods that fail heal.
+    """A handle of a singleton with *retire_on*: each method call leases.
 
-    Every callable attribute is returned wrapped: a call that raises has
-    *heal* called with the client it was looked up on and the exception
-    (which retires that client if *retire_on* matches), and the exception
-    then propagates unchanged. Calling the handle itself does the same.
-    The handle of a singleton without *retire_on* is a plain
-    :class:`ClientProxy`, unchanged. An awaitable a method returns is
-    returned as is: what its ``await`` raises is not seen.
+    Every callable attribute is returned wrapped: a call runs inside a
+    lease of the live client (``single.lease()``), so a retirement while
+    it runs (a rotation, ``retire()``, another call's failure) closes that
+    client only after the call ends; a call that raises leaves the lease
+    with its exception, which retires the client it ran on if *retire_on*
+    matches, and the exception propagates unchanged. Calling the handle
+    itself does the same. The handle of a singleton without *retire_on* is
+    a plain :class:`ClientProxy`, unchanged. An awaitable a method returns
+    is returned as is: the lease ends when it is returned, and what its
+    ``await`` raises is not seen.
     """
 
-    def __init__(
-        self,
-        single: Callable[[], object],
-        heal: Callable[[object, BaseException], object],
-    ) -> None:
-        """Follow *single*; report failing calls to *heal*."""
-        super().__init__(single)
-        self._self_heal = heal
-
     def __getattribute__(self, name: str) -> Any:  # noqa: ANN401 -- the client's.
-        """Look *name* up on the live client; wrap a method so it heals."""
+        """Look *name* up on the live client; wrap a method in a lease."""
         if name in _OWN:
             return _get(self, name)
         client = _get(self, "_self_single")()
@@ -151,33 +145,39 @@ class HealingProxy(ClientProxy):
         value = getattr(client, name)
         if not callable(value):
             return value
-        return _healing(value, client, _get(self, "_self_heal"))
+        return _leased(_get(self, "_self_single"), name, value, client)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-        """Call the live client; a failing call heals."""
+        """Call the live client inside a lease; a failing call heals."""
         client = self._self_live()
-        return _healing(client, client, _get(self, "_self_heal"))(
-            *args, **kwargs
-        )
+        single = _get(self, "_self_single")
+        return _leased(single, None, client, client)(*args, **kwargs)
 
     def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
         """Pickle by reference to the singleton, never the client."""
-        heal = _get(self, "_self_heal")
-        return (HealingProxy, (_get(self, "_self_single"), heal))
+        return (HealingProxy, (_get(self, "_self_single"),))
 
 
-def _healing(
+def _leased(
+    single: Any,  # noqa: ANN401 -- a ProcessSingleton.
+    name: str | None,
     method: Callable[..., Any],
     client: object,
-    heal: Callable[[object, BaseException], object],
 ) -> Callable[..., Any]:
-    """Return *method*, calling *heal* with *client* when it raises."""
+    """Return *method* (*name* of *client*), called inside a lease.
+
+    The lease pins the live client; if that is no longer *client* (it was
+    retired between the look-up and the call), the call goes to the live
+    one's *name* instead: a call never runs on a retired client.
+    """
 
     def call(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-        try:
+        with single.lease() as leased:
+            if leased is not client:
+                client_method = (
+                    leased if name is None else getattr(leased, name)
+                )
+                return client_method(*args, **kwargs)
             return method(*args, **kwargs)
-        except BaseException as exc:
-            heal(client, exc)
-            raise
 
     return call

@@ -408,10 +408,12 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         built until it is first used. It pickles by reference.
 
         With *retire_on* set, a method called through the handle (or the
-        handle called) that raises a matching exception retires the client
-        it ran on (as ``retire()`` does), and the exception propagates
-        unchanged. Hold the handle, not a client, for hours: healing then
-        reaches the code that uses it.
+        handle called) runs inside a lease of the live client, so a
+        retirement closes that client only after the call ends; a call
+        that raises a matching exception retires the client it ran on (as
+        ``retire()`` does), and the exception propagates unchanged. Hold
+        the handle, not a client, for hours: healing then reaches the code
+        that uses it.
 
         Returns:
             A transparent proxy, typed as the client.
@@ -419,9 +421,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         single = cast("Callable[[], T]", self)  # A ProcessSingleton.
         if self._self_retire_on is None:
             return cast("T", ClientProxy(single))
-        # With retire_on: a method called through it that raises a
-        # matching exception retires the client it was called on.
-        return cast("T", HealingProxy(single, self._retire_on))
+        # With retire_on: a method called through it runs inside a lease,
+        # whose exit retires the client when a matching exception escapes.
+        return cast("T", HealingProxy(single))
 
     def current(self) -> T | None:
         """Return the live client without building one.

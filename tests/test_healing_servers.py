@@ -476,11 +476,6 @@ class TestOutage:
 class TestProxyInFlight:
     """A call in flight through proxy() when healing retires its client."""
 
-    @pytest.mark.xfail(
-        reason="core: a proxy() call holds no lease, so a retirement"
-        " closes its client under it (httpx: EBADF or a read timeout)",
-        raises=httpx.TransportError,
-    )
     def test_a_retired_client_is_closed_after_the_call_ends(self, server):
         """The retired client stays open until the in-flight call ends."""
 
