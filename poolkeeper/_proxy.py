@@ -143,7 +143,9 @@ class HealingProxy(ClientProxy):
         if name == "__wrapped__":
             return client
         value = getattr(client, name)
-        if not callable(value):
+        # Methods are wrapped; a class (``__class__``, so that isinstance()
+        # sees the client's) or another dunder is the client's, as is.
+        if not callable(value) or name[:2] == "__" or isinstance(value, type):
             return value
         return _leased(_get(self, "_self_single"), name, value, client)
 

@@ -171,6 +171,50 @@ class TestRetireOn:
         assert "ok" == handle.get(False)
         assert calls[-1] is not first
 
+    def test_healing_proxy_is_the_client_to_isinstance(self):
+        """Its class is the client's (not a wrapped call), as the plain one."""
+
+        class Client:
+            kind = "client"
+
+            def close(self) -> None:
+                pass
+
+        single = process_singleton(retire_on=BrokenError)(Client)
+        handle = single.proxy()
+        assert isinstance(handle, Client)
+        assert Client is handle.__class__
+        assert "client" == handle.kind
+
+    def test_proxy_call_in_flight_keeps_its_client_open(self):
+        """A retirement while a proxied call runs closes after it ends."""
+        entered, release = threading.Event(), threading.Event()
+        seen: list[bool] = []
+
+        class Client:
+            closed = False
+
+            def slow(self) -> None:
+                entered.set()
+                assert release.wait(WAIT)
+                seen.append(self.closed)
+
+            def close(self) -> None:
+                self.closed = True
+
+        single = process_singleton(retire_on=BrokenError)(Client)
+        handle = single.proxy()
+        first = single()
+        caller = threading.Thread(target=handle.slow)
+        caller.start()
+        assert entered.wait(WAIT)
+        assert single.retire(first)
+        assert not first.closed  # Leased by the call in flight.
+        release.set()
+        caller.join(WAIT)
+        assert [False] == seen
+        assert first.closed
+
     def test_proxy_without_retire_on_is_the_plain_handle(self):
         single = process_singleton(Factory())
         handle = single.proxy()
