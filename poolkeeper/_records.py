@@ -231,6 +231,7 @@ class Slot:
     __slots__ = (
         "build",
         "built_at",
+        "cause",
         "deferred",
         "dropped",
         "hook",
@@ -259,6 +260,9 @@ class Slot:
         # sequence, reason, error type name, monotonic time due).
         self.spacing = 0.0
         self.deferred: tuple[int, str, str | None, float] | None = None
+        # Why the slot has no live client: the last retirement's reason
+        # (None after a build), the reason its next build reports.
+        self.cause: str | None = None
 
 
 class Verdict:
@@ -269,7 +273,15 @@ class Verdict:
     nothing new was deferred. *age*: the client's age in seconds.
     """
 
-    __slots__ = ("age", "delay", "error", "reason", "retired", "sequence")
+    __slots__ = (
+        "age",
+        "delay",
+        "error",
+        "key",
+        "reason",
+        "retired",
+        "sequence",
+    )
 
     def __init__(  # noqa: PLR0913 -- one field each.
         self,
@@ -280,7 +292,9 @@ class Verdict:
         reason: str,
         error: str | None,
         sequence: int,
+        key: str | None = None,
     ) -> None:
+        self.key = key  # The retired client's key fingerprint.
         self.retired = retired
         self.delay = delay
         self.age = age

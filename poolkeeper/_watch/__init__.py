@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import wrapt
 
+from poolkeeper import _events
 from poolkeeper._clients import WATCHED_CLASSES
 from poolkeeper._watch import _census
 from poolkeeper._watch._patch import Patch
@@ -132,6 +133,7 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
         if not module or not attr or ":" in attr:
             msg = f"{spec!r} is not 'module:Class', e.g. 'httpx:Client'."
             raise ValueError(msg)
+    _events.watched()
     with _registry_lock:
         for spec in specs:
             target = _targets.get(spec)
