@@ -89,6 +89,8 @@ nitpick_ignore = [
     ("py:class", "_Decorator"),
     ("py:class", "_HookedDecorator"),
     ("py:class", "KeyOption"),
+    # What retire_on= takes (issue 21): exception types or a predicate.
+    ("py:class", "RetireOn"),
 ]
 
 # -- HTML ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ registry when a reader collects, not recorded per event.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -27,12 +28,13 @@ from typing import TYPE_CHECKING, Any, Final
 from poolkeeper._lifecycle import HEALING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Generator, Iterable
 
     from opentelemetry.metrics import (
         CallbackOptions,
         Counter,
         Histogram,
+        Meter,
         Observation,
     )
 
@@ -241,8 +243,22 @@ def instruments() -> Instruments | None:
     made = _made
     if made is None:
         with _lock:
-            made = _make() if _made is None else _made
+            made = _make_once() if _made is None else _made
     return made if isinstance(made, Instruments) else None
+
+
+def _make_once() -> Instruments | bool:
+    global _made  # noqa: PLW0603 -- set once, under _lock.
+    try:
+        return _make()
+    except Exception:  # An event never raises.
+        _made = False
+        log.warning(
+            "Making poolkeeper's OpenTelemetry instruments failed; no "
+            "metrics will be recorded.",
+            exc_info=True,
+        )
+        return False
 
 
 def _make() -> Instruments | bool:
@@ -261,11 +277,7 @@ def _make() -> Instruments | bool:
             unit="{build}",
             description="Factory calls, by outcome and reason.",
         ),
-        meter.create_histogram(
-            "poolkeeper.client.build.duration",
-            unit="s",
-            description="How long a factory call took.",
-        ),
+        _histogram(meter),
         meter.create_counter(
             "poolkeeper.client.closes",
             unit="{client}",
@@ -307,6 +319,27 @@ def _make() -> Instruments | bool:
     return made
 
 
+#: Seconds: a client's build takes milliseconds to tens of seconds.
+_SUBSECOND: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+BUCKETS: Final = (*_SUBSECOND, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _histogram(meter: Meter) -> Histogram:
+    name, unit = "poolkeeper.client.build.duration", "s"
+    description = "How long a factory call took."
+    try:
+        # Bucket boundaries in seconds, as advice (API 1.23 and later);
+        # the SDK's default ones are for milliseconds.
+        return meter.create_histogram(
+            name,
+            unit=unit,
+            description=description,
+            explicit_bucket_boundaries_advisory=list(BUCKETS),
+        )
+    except TypeError:  # pragma: no cover -- an API before 1.23.
+        return meter.create_histogram(name, unit=unit, description=description)
+
+
 def _build_metrics(
     name: str, reason: str, outcome: str, duration: float
 ) -> None:
@@ -318,16 +351,29 @@ def _build_metrics(
         "poolkeeper.reason": reason,
         "poolkeeper.outcome": outcome,
     }
-    made.builds.add(1, attributes)
-    made.build_duration.record(duration, attributes)
+    with _quiet():
+        made.builds.add(1, attributes)
+        made.build_duration.record(duration, attributes)
 
 
 def _close_metrics(name: str, outcome: str) -> None:
     made = instruments()
     if made is not None:
-        made.closes.add(
-            1, {"poolkeeper.singleton": name, "poolkeeper.outcome": outcome}
-        )
+        with _quiet():
+            made.closes.add(
+                1,
+                {"poolkeeper.singleton": name, "poolkeeper.outcome": outcome},
+            )
+
+
+@contextlib.contextmanager
+def _quiet() -> Generator[None, None, None]:
+    # A recording that fails is logged at DEBUG: an event never raises
+    # into the build or close it reports.
+    try:
+        yield
+    except Exception:  # Logged, not raised.
+        log.debug("Recording a poolkeeper metric failed.", exc_info=True)
 
 
 def watched() -> None:
