@@ -762,10 +762,15 @@ class Lifecycle(Generic[T]):
         age = now - live.built_at
         wait = slot.spacing - age
         pending = slot.deferred
-        if pending is not None and pending[0] == live.sequence:
+        if (
+            pending is not None
+            and pending[0] == live.sequence
+            and pending[1] in HEALING
+        ):
             if now < pending[3]:
                 return self._defer(slot, live, reason, error, wait)
-            # Due and not carried out (its timer was cut short): now.
+            # Due, and its timer has not carried it out yet (late, or cut
+            # short): now, as the timer would.
             _, reason, error, _ = pending
             return self._retire_live(
                 slot, live, reason, error, doomed, deferred=True
