@@ -32,7 +32,7 @@ from prometheus_client import start_http_server
 from test_hit_frames import frames_of
 
 import poolkeeper
-from poolkeeper import keys, process_singleton
+from poolkeeper import _events, keys, process_singleton
 
 VAR = "PK_EVENTS_API_KEY"
 #: Secret-looking key values: none may appear in metrics or logs.
@@ -573,3 +573,50 @@ def test_instruments_made_before_the_provider_still_report():
     assert found["poolkeeper.client.retirements", "reset", None] == 1
     assert found["poolkeeper.client.open", None, "live"] == 1
     assert found["poolkeeper.lease.active", None, None] == 0
+
+
+class TestMetricsNeverRaise:
+    def test_instruments_that_cannot_be_made_are_logged_once(
+        self, monkeypatch, caplog
+    ):
+        """A meter that raises: builds go on, one WARNING, no metrics."""
+
+        def broken(*args: object, **kwargs: object) -> None:
+            msg = "no meter"
+            raise RuntimeError(msg)
+
+        monkeypatch.setattr(_events, "_made", None)
+        monkeypatch.setattr(metrics, "get_meter", broken)
+        caplog.set_level(logging.WARNING, logger="poolkeeper")
+        single = process_singleton(name="events-broken-meter")(Factory())
+        single()
+        single.reset()
+        single()
+        assert _events.instruments() is None
+        [record] = [
+            r for r in caplog.records if "instruments failed" in r.getMessage()
+        ]
+        assert record.levelno == logging.WARNING
+
+    def test_a_recording_that_raises_is_logged_at_debug(
+        self, monkeypatch, caplog
+    ):
+        class Broken:
+            def add(self, *args: object) -> None:
+                raise RuntimeError
+
+            record = add
+
+        monkeypatch.setattr(
+            _events, "_made", _events.Instruments(Broken(), Broken(), Broken())
+        )
+        caplog.set_level(logging.DEBUG, logger="poolkeeper")
+        single = process_singleton(name="events-broken-add")(Factory())
+        single()
+        single.reset()
+        failures = [
+            r
+            for r in caplog.records
+            if r.getMessage() == "Recording a poolkeeper metric failed."
+        ]
+        assert len(failures) == 2  # The build, then the close.
