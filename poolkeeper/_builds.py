@@ -408,11 +408,26 @@ def carry_out(
 
 
 def say(name: str, verdict: Verdict) -> None:
-    """Send *verdict*'s event: retired now, or deferred by the backoff."""
+    """Send *verdict*'s events: retired now, or deferred by the backoff.
+
+    A healing retirement starts the backoff (said in its ``retired``
+    record); one deferred by it lengthens it: the backoff is engaged. One
+    whose client outlived it shortens it again: the backoff is reset.
+    """
     if verdict.retired:
+        before, after = verdict.backoff or (0.0, 0.0)
         events.retired(
-            name, verdict.key, verdict.reason, verdict.error, verdict.age
+            name,
+            verdict.key,
+            verdict.reason,
+            verdict.error,
+            verdict.age,
+            backoff=after,
         )
+        if after > before > 0:
+            events.backoff_engaged(name, verdict.key, after, before)
+        elif after < before:
+            events.backoff_reset(name, verdict.key, after, before)
     elif verdict.delay is not None:
         events.deferred(name, verdict.key, verdict.reason, verdict.delay)
 

@@ -5,7 +5,8 @@ Each event is a record on the ``poolkeeper`` logger, with its fields in
 ``poolkeeper_key``: the key's fingerprint, never the key; and the event's
 own fields), and, with the ``otel`` extra installed, a value on an
 OpenTelemetry instrument of the meter ``poolkeeper``. Levels: builds and
-closes DEBUG, a deferred retirement INFO, failures and healing WARNING.
+closes DEBUG; a deferral and a backoff reset INFO; failures, a healing
+retirement and the healing backoff engaged WARNING.
 
 The drivers and the closer call these, with no lock held, on builds and
 closes only: nothing here runs per call or per lease. The lifecycle never
@@ -106,19 +107,25 @@ def build_failed(  # noqa: PLR0913 -- what a build says.
     _build_metrics(name, reason, "failure", duration)
 
 
-def retired(
+def retired(  # noqa: PLR0913 -- what a retirement says.
     name: str,
     key: str | None,
     reason: str,
     error: str | None,
     age: float,
+    *,
+    backoff: float,
 ) -> None:
-    """A client was retired: WARNING for healing, DEBUG otherwise."""
+    """A client was retired: WARNING for healing, DEBUG otherwise.
+
+    *backoff*: the healing backoff its successor has, in seconds.
+    """
     extra = {
         **_fields(name, "retired", key),
         "poolkeeper_reason": reason,
         "poolkeeper_error_type": error,
         "poolkeeper_age": age,
+        "poolkeeper_backoff": backoff,
     }
     if reason in HEALING:
         log.warning(
@@ -152,6 +159,45 @@ def deferred(name: str, key: str | None, reason: str, delay: float) -> None:
             **_fields(name, "deferred", key),
             "poolkeeper_reason": reason,
             "poolkeeper_delay": delay,
+        },
+    )
+
+
+def backoff_engaged(
+    name: str, key: str | None, backoff: float, before: float
+) -> None:
+    """Healing retired a client within its backoff: the backoff doubles.
+
+    Clients are found broken faster than the backoff: WARNING.
+    """
+    log.warning(
+        "Healing of %s backs off: a healing retirement of its next client "
+        "within %.3f s of its build waits until then (was %.3f s).",
+        name,
+        backoff,
+        before,
+        extra={
+            **_fields(name, "backoff_engaged", key),
+            "poolkeeper_backoff": backoff,
+            "poolkeeper_backoff_before": before,
+        },
+    )
+
+
+def backoff_reset(
+    name: str, key: str | None, backoff: float, before: float
+) -> None:
+    """A client outlived the backoff: it starts again from *backoff* s."""
+    log.info(
+        "Healing of %s: the backoff is reset to %.3f s (was %.3f s); the "
+        "retired client outlived it.",
+        name,
+        backoff,
+        before,
+        extra={
+            **_fields(name, "backoff_reset", key),
+            "poolkeeper_backoff": backoff,
+            "poolkeeper_backoff_before": before,
         },
     )
 

@@ -856,7 +856,7 @@ class Lifecycle(Generic[T]):
         BACKOFF_FIRST.
         """
         self._disarm()
-        spacing = slot.spacing
+        spacing = before = slot.spacing
         age = time.monotonic() - live.built_at
         if reason in HEALING:
             spacing = (
@@ -885,6 +885,7 @@ class Lifecycle(Generic[T]):
             error=error,
             sequence=live.sequence,
             key=live.fingerprint,
+            backoff=(before, spacing) if reason in HEALING else None,
         )
 
     @locked

@@ -270,11 +270,14 @@ class Verdict:
 
     *retired*: the client was retired now. *delay*: seconds after which
     a deferred retirement is due (the driver arms a timer), None when
-    nothing new was deferred. *age*: the client's age in seconds.
+    nothing new was deferred. *age*: the client's age in seconds. *key*:
+    its key's fingerprint. *backoff*: for a healing retirement, the
+    backoff before and after it, in seconds.
     """
 
     __slots__ = (
         "age",
+        "backoff",
         "delay",
         "error",
         "key",
@@ -293,8 +296,12 @@ class Verdict:
         error: str | None,
         sequence: int,
         key: str | None = None,
+        backoff: tuple[float, float] | None = None,
     ) -> None:
         self.key = key  # The retired client's key fingerprint.
+        # A healing retirement's backoff: (before, after) in seconds, the
+        # spacing the retired client had and the one its successor has.
+        self.backoff = backoff
         self.retired = retired
         self.delay = delay
         self.age = age

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.request
 import uuid
 
@@ -32,7 +33,7 @@ from prometheus_client import start_http_server
 from test_hit_frames import frames_of
 
 import poolkeeper
-from poolkeeper import _events, keys, process_singleton
+from poolkeeper import _events, _lifecycle, keys, process_singleton
 
 VAR = "PK_EVENTS_API_KEY"
 #: Secret-looking key values: none may appear in metrics or logs.
@@ -620,3 +621,50 @@ class TestMetricsNeverRaise:
             if r.getMessage() == "Recording a poolkeeper metric failed."
         ]
         assert len(failures) == 2  # The build, then the close.
+
+
+def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
+    """Healing backs off (engaged), then a client outlives it (reset)."""
+    monkeypatch.setattr(_lifecycle, "BACKOFF_FIRST", 0.05)
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    name = f"events-backoff-{uuid.uuid4().hex[:8]}"
+    single = process_singleton(name=name)(Factory())
+    assert single.retire(single())  # Immediate; the backoff starts: 0.05.
+    assert not single.retire(single())  # Deferred; doubles it when done.
+    deadline = time.monotonic() + WAIT
+    while single.statistics().retirements["retire"] < 2:
+        assert time.monotonic() < deadline, "the deferral never ran"
+        time.sleep(0.01)
+    client = single()
+    time.sleep(0.15)  # Outlives its 0.1 s backoff.
+    assert single.retire(client)
+    said = [
+        (r.poolkeeper_event, r.poolkeeper_backoff_before, r.poolkeeper_backoff)
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+        and r.poolkeeper_event.startswith("backoff")
+    ]
+    assert said == [
+        ("backoff_engaged", 0.05, 0.1),
+        ("backoff_reset", 0.1, 0.05),
+    ]
+    retired = [
+        r.poolkeeper_backoff
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+        and r.poolkeeper_event == "retired"
+    ]
+    assert retired == [0.05, 0.1, 0.05]
+    levels = [
+        r.levelno
+        for r in caplog.records
+        if getattr(r, "poolkeeper_event", "").startswith("backoff")
+    ]
+    assert levels == [logging.WARNING, logging.INFO]
+    deferred = [
+        r
+        for r in caplog.records
+        if getattr(r, "poolkeeper_event", None) == "deferred"
+    ]
+    assert [r.poolkeeper_reason for r in deferred] == ["retire"]
+    assert deferred[0].levelno == logging.INFO
