@@ -24,12 +24,16 @@ import urllib.request
 import uuid
 
 import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="the dev group's otel")
+
 from helpers import WAIT, Factory, FakeClient
 from opentelemetry import metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import start_http_server
+from test_events_core import imported_after
 from test_hit_frames import frames_of
 
 import poolkeeper
@@ -365,29 +369,6 @@ def test_close_failure_is_an_event(reader, caplog):
     assert points(reader, name)["poolkeeper.client.closes", key] == 1
 
 
-class TestNameOption:
-    def test_name_is_the_singletons_name(self, reader):
-        del reader
-        single = process_singleton(name="api-client")(Factory())
-        assert "api-client" in repr(single)
-
-    @pytest.mark.parametrize(
-        ("name", "error"),
-        [
-            ("", ValueError),
-            ("  ", ValueError),
-            (3, TypeError),
-            (b"x", TypeError),
-        ],
-    )
-    def test_bad_name_is_refused_naming_the_factory(self, name, error):
-        def make_client() -> object:
-            return object()
-
-        with pytest.raises(error, match=r"name=.*make_client"):
-            process_singleton(name=name)(make_client)
-
-
 def test_hit_path_runs_no_frame_with_a_provider_set(reader, monkeypatch):
     """The armed hit starts no Python frame with metrics on (issue 24)."""
     del reader
@@ -433,41 +414,10 @@ def test_hit_frames_guard_passes_with_a_provider_set():
     assert "otel_plugin: provider set, instruments made" in done.stdout
 
 
-IMPORT_CHECK = textwrap.dedent(
-    """
-    import sys
-
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name == "opentelemetry" or name.startswith("opentelemetry."):
-                raise ImportError("blocked: " + name)
-
-    if sys.argv[1] == "absent":
-        sys.meta_path.insert(0, Block())
-    import poolkeeper
-
-    assert not [m for m in sys.modules if m.startswith("opentelemetry")]
-    single = poolkeeper.process_singleton(name="x")(object)
-    single()
-    single.reset()
-    single()
-    poolkeeper.close_all()
-    print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
-    """
-)
-
-
 @pytest.mark.parametrize("mode", ["absent", "present"])
 def test_import_poolkeeper_imports_no_opentelemetry(mode):
     """Absent: nothing imported, builds work. Present: only on an event."""
-    done = subprocess.run(
-        [sys.executable, "-c", IMPORT_CHECK, mode],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=True,
-    )
-    imported = ast.literal_eval(done.stdout.strip())
+    imported = imported_after(mode)
     if mode == "absent":
         assert imported == []
     else:
