@@ -244,13 +244,15 @@ def _parsers() -> list[Any]:
 
 
 # The Daytona page runs the real SDK (which imports the real httpx): no
-# fakes there; its own invisible blocks start and stop the emulator.
+# fakes there; its own invisible blocks start and stop the emulator. The
+# observability page runs the Daytona demo in-process, for the same reason.
 _DAYTONA_PAGE = "docs/adapters/daytona.md"
+_REAL_PAGES = [_DAYTONA_PAGE, "docs/observability.md"]
 pytest_collect_file = (
     Sybil(
         parsers=_parsers(),
         patterns=["README.md", "docs/*.md", "docs/adapters/*.md"],
-        excludes=[_DAYTONA_PAGE],
+        excludes=_REAL_PAGES,
         path=str(ROOT),
         setup=_setup,
         teardown=_teardown,
@@ -258,7 +260,7 @@ pytest_collect_file = (
     )
     + Sybil(
         parsers=_parsers(),
-        patterns=[_DAYTONA_PAGE],
+        patterns=_REAL_PAGES,
         path=str(ROOT),
         name="daytona",
     )

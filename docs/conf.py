@@ -89,8 +89,7 @@ nitpick_ignore = [
     ("py:class", "_Decorator"),
     ("py:class", "_HookedDecorator"),
     ("py:class", "KeyOption"),
-    # What retire_on= takes (types or a predicate), a private alias of
-    # process_singleton's signature, as KeyOption is for key=.
+    # What retire_on= takes (issue 21): exception types or a predicate.
     ("py:class", "RetireOn"),
 ]
 

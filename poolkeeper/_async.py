@@ -26,9 +26,9 @@ from poolkeeper._builds import (
     building,
     error_name,
     log,
-    log_built,
     monotonic,
     read_key,
+    report,
     settle,
     waiting,
 )
@@ -244,9 +244,10 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             try:
                 run.end()
             finally:
-                await self._close(run.doomed)
-        if ticket.record is not None:  # pragma: no branch -- injected.
-            log_built(self._self_name, ticket.record)
+                try:
+                    await self._close(run.doomed)
+                finally:
+                    report(self._self_name, run, is_async=True)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         closer = self._self_closer

@@ -62,6 +62,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 
 from poolkeeper import _adapters
+from poolkeeper import _events as events
 from poolkeeper._close import close_soon, run_each
 from poolkeeper._identity import (
     evaluate_key,
@@ -69,7 +70,6 @@ from poolkeeper._identity import (
     key_fingerprint,
 )
 from poolkeeper._lease import loosen
-from poolkeeper._lifecycle import HEALING
 from poolkeeper._records import under
 from poolkeeper.exceptions import ReentrantBuildError
 
@@ -99,6 +99,8 @@ class BuildRun(Generic[T]):
         "keyed",
         "life",
         "made",
+        "reason",
+        "started",
         "ticket",
         "wake",
     )
@@ -126,6 +128,12 @@ class BuildRun(Generic[T]):
         self.fingerprint: str | None = None
         #: The records the build retired: the driver closes them.
         self.doomed: list[Record[T]] = []
+        #: Why it builds (see report()), and when it began on *clock*.
+        slot = ticket.slot
+        self.reason = (
+            "key" if slot.live is not None else slot.cause or events.FIRST
+        )
+        self.started = clock()
 
     def __enter__(self) -> None:
         """Fingerprint the key before the factory runs."""
@@ -189,22 +197,36 @@ def refuse_coroutine(name: str, made: dict[None, Any]) -> None:
     raise TypeError(msg)
 
 
-def log_built(name: str, record: Record[Any]) -> None:
-    """Log a build that made *record* live; learn its type's hooks."""
-    # After the build, off the hit path: adapters' hooks for the client's
-    # type are known before any fork that inherits it (see _adapters).
-    _adapters.learn(record.client)
-    log.debug(
-        "Built %s (generation %d, key %s).",
-        name,
-        record.generation,
-        record.fingerprint,
-        extra={
-            "poolkeeper_factory": name,
-            "poolkeeper_generation": record.generation,
-            "poolkeeper_key": record.fingerprint,
-        },
-    )
+def report(name: str, run: BuildRun[Any], *, is_async: bool) -> None:
+    """Say how a build ended: the one place builds' events are sent.
+
+    Called by each driver as its build unwinds (no lock held). A build
+    that made its client live is ``built``; one that raised is
+    ``build_failed``, except a cancellation (no failure, as in
+    ``statistics()``); one cut short otherwise says nothing.
+    """
+    ticket = run.ticket
+    duration = run.clock() - run.started
+    record = ticket.record
+    if record is not None:
+        # Off the hit path: adapters' hooks for the client's type are
+        # known before any fork that inherits it (see _adapters).
+        _adapters.learn(record.client)
+        events.built(
+            name,
+            record.fingerprint,
+            record.generation,
+            run.reason,
+            duration,
+            is_async=is_async,
+        )
+        return
+    error = sys.exc_info()[1]
+    if error is not None and not isinstance(error, asyncio.CancelledError):
+        fingerprint = key_fingerprint(run.keyed, ticket.key.value)
+        events.build_failed(
+            name, fingerprint, run.reason, duration, error, is_async=is_async
+        )
 
 
 # -- the key ------------------------------------------------------------
@@ -350,21 +372,8 @@ def settle(
     """Log *verdict* and arm its timer; return whether it retired now."""
     if verdict is None:
         return False
-    if verdict.retired:
-        log_retired(life.name, verdict)
-    elif verdict.delay is not None:
-        log.debug(
-            "Deferred the retirement of %s (reason %s) by %.3f s: the "
-            "backoff (or min_rebuild_interval) is in force.",
-            life.name,
-            verdict.reason,
-            verdict.delay,
-            extra={
-                "poolkeeper_factory": life.name,
-                "poolkeeper_reason": verdict.reason,
-                "poolkeeper_delay": verdict.delay,
-            },
-        )
+    say(life.name, verdict)
+    if not verdict.retired and verdict.delay is not None:
         timer = threading.Timer(
             max(verdict.delay, 0.0),
             carry_out,
@@ -395,36 +404,32 @@ def carry_out(
             )
         )
     if verdict is not None:
-        log_retired(life.name, verdict)
+        say(life.name, verdict)
 
 
-def log_retired(name: str, verdict: Verdict) -> None:
-    """Log a retirement: WARNING for healing; the error's type, no text."""
-    if verdict.reason not in HEALING:
-        log.debug(
-            "Retired %s (reason %s).",
+def say(name: str, verdict: Verdict) -> None:
+    """Send *verdict*'s events: retired now, or deferred by the backoff.
+
+    A healing retirement starts the backoff (said in its ``retired``
+    record); one deferred by it lengthens it: the backoff is engaged. One
+    whose client outlived it shortens it again: the backoff is reset.
+    """
+    if verdict.retired:
+        before, after = verdict.backoff or (0.0, 0.0)
+        events.retired(
             name,
+            verdict.key,
             verdict.reason,
-            extra={
-                "poolkeeper_factory": name,
-                "poolkeeper_reason": verdict.reason,
-            },
+            verdict.error,
+            verdict.age,
+            backoff=after,
         )
-        return
-    log.warning(
-        "Retired %s (reason %s, error %s, age %.3f s); the next call "
-        "builds a new client.",
-        name,
-        verdict.reason,
-        verdict.error,
-        verdict.age,
-        extra={
-            "poolkeeper_factory": name,
-            "poolkeeper_reason": verdict.reason,
-            "poolkeeper_error_type": verdict.error,
-            "poolkeeper_age": verdict.age,
-        },
-    )
+        if after > before > 0:
+            events.backoff_engaged(name, verdict.key, after, before)
+        elif after < before:
+            events.backoff_reset(name, verdict.key, after, before)
+    elif verdict.delay is not None:
+        events.deferred(name, verdict.key, verdict.reason, verdict.delay)
 
 
 def matcher(

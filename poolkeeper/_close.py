@@ -35,10 +35,12 @@ import logging
 import operator
 import sys
 import threading
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, cast
 
 from poolkeeper import _adapters
+from poolkeeper import _events as events
 from poolkeeper.exceptions import UnclosedClientWarning
 
 if TYPE_CHECKING:
@@ -126,28 +128,46 @@ class Closer:
     def failed(self, record: Record[Any], exc: BaseException) -> None:
         """Count and log a close that raised *exc*."""
         self.life.closed(ok=False)
-        log.warning(
-            "Closing the retired %s client (generation %d) failed; "
-            "it was dropped.",
-            self.life.name,
-            record.generation,
-            exc_info=exc,
-            extra=_extra(self.life.name, record),
+        self._failure(
+            record,
+            f"Closing the retired {self.life.name} client (generation "
+            f"{record.generation}) failed; it was dropped.",
+            exc,
+            counted=True,
         )
 
-    def _done(self, record: Record[Any]) -> None:
-        self.life.closed(ok=True)
-        log.debug(
-            "Closed the retired %s client (generation %d).",
+    def _failure(
+        self,
+        record: Record[Any],
+        message: str,
+        exc: BaseException | None,
+        *,
+        counted: bool,
+    ) -> None:
+        # The one place a failed close's event is sent.
+        events.close_failed(
             self.life.name,
+            record.fingerprint,
             record.generation,
-            extra=_extra(self.life.name, record),
+            message,
+            exc,
+            counted=counted,
+        )
+
+    def _done(self, record: Record[Any], started: float) -> None:
+        self.life.closed(ok=True)
+        events.closed(
+            self.life.name,
+            record.fingerprint,
+            record.generation,
+            time.monotonic() - started,
         )
 
     # -- where it runs ------------------------------------------------------
 
     def close(self, record: Record[Any]) -> None:
         """Close *record* here and now, synchronously."""
+        started = time.monotonic()
         ran, result = self._start(record)
         if not ran:
             return
@@ -161,10 +181,11 @@ class Closer:
                 "pass close= a function that closes it synchronously",
             )
             return
-        self._done(record)
+        self._done(record, started)
 
     async def aclose(self, record: Record[Any]) -> None:
         """Close *record* on the running loop, awaiting its close."""
+        started = time.monotonic()
         ran, result = self._start(record)
         if not ran:
             return
@@ -177,7 +198,7 @@ class Closer:
             except BaseException:
                 self.life.closed(ok=False)
                 raise
-        self._done(record)
+        self._done(record, started)
 
     def unclosed(
         self,
@@ -195,7 +216,7 @@ class Closer:
             f"Could not close a retired {self.life.name} client (generation "
             f"{record.generation}): {reason}" + (f"; {hint}." if hint else ".")
         )
-        log.warning(message, extra=_extra(self.life.name, record))
+        self._failure(record, message, None, counted=count)
         warnings.warn(message, UnclosedClientWarning, stacklevel=_user_level())
 
 

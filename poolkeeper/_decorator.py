@@ -53,6 +53,7 @@ _OPTIONS = (
     "fork",
     "key",
     "min_rebuild_interval",
+    "name",
     "retire_on",
 )
 
@@ -126,6 +127,7 @@ def process_singleton(
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
+    name: str | None = None,
 ) -> _Decorator: ...
 
 
@@ -140,6 +142,7 @@ def process_singleton(
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
+    name: str | None = None,
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -154,6 +157,7 @@ def process_singleton(
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
+    name: str | None = None,
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -167,6 +171,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     fork: Literal["rebuild", "keep"] = "rebuild",
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
+    name: str | None = None,
     **unknown: object,
 ) -> (
     ProcessSingleton[Any]
@@ -212,6 +217,10 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             a method called through ``single.proxy()`` retires that
             client (as ``retire()`` does, with its backoff) and then
             propagates unchanged: never swallowed, never retried.
+        name: The singleton's name in logs, events and metrics (the
+            ``poolkeeper_singleton`` log field, the ``poolkeeper.singleton``
+            metric attribute) and in errors. Default: the factory's
+            ``__qualname__``.
         **unknown: Rejected with a clear error; every option is named.
 
     Type checkers check both hooks against the factory's client type: a
@@ -226,17 +235,19 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         TypeError: If the factory is not callable, takes required
             parameters, or is a generator or async generator function;
             if an option is unknown, a hook is not callable, or
-            *retire_on* is neither exception types nor a predicate.
-        ValueError: If *fork* or *min_rebuild_interval* is out of range.
+            *retire_on* is neither exception types nor a predicate, or
+            *name* is not a string.
+        ValueError: If *fork* or *min_rebuild_interval* is out of range,
+            or *name* is empty.
 
     .. versionadded:: 0.1
     """
     if unknown:
-        name = next(iter(unknown))
-        hint = difflib.get_close_matches(name, _OPTIONS, n=1)
+        option = next(iter(unknown))
+        hint = difflib.get_close_matches(option, _OPTIONS, n=1)
         maybe = f" (did you mean {hint[0]!r}?)" if hint else ""
         msg = (
-            f"process_singleton() got an unknown option {name!r}{maybe}; "
+            f"process_singleton() got an unknown option {option!r}{maybe}; "
             f"the options are {', '.join(_OPTIONS)}."
         )
         raise TypeError(msg)
@@ -250,6 +261,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         # A class of its own for each: its __call__ is the armed hit path.
         made = make_async if validate_factory(factory) else make
         validate_retire_on(_name(factory), retire_on)
+        validate_name(_name(factory), name)
         return made(
             factory,
             key=combined_key,
@@ -258,6 +270,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             fork=fork,
             min_rebuild_interval=float(min_rebuild_interval),
             retire_on=retire_on,
+            name=name,
         )
 
     if factory is None:
@@ -294,6 +307,25 @@ def validate_options(
         msg = (
             "process_singleton(min_rebuild_interval=...) must be a number "
             f"of seconds >= 0, got {interval!r}."
+        )
+        raise ValueError(msg)
+
+
+def validate_name(factory: str, name: object) -> None:
+    """Validate *name*: a non-empty string, or None."""
+    if name is None:
+        return
+    if not isinstance(name, str):
+        msg = (
+            f"process_singleton(name=...) for {factory} must be a string "
+            f"naming the singleton in logs and metrics, got "
+            f"{type(name).__name__}."
+        )
+        raise TypeError(msg)
+    if not name.strip():
+        msg = (
+            f"process_singleton(name=...) for {factory} must be a non-empty "
+            "string; leave it out to use the factory's qualified name."
         )
         raise ValueError(msg)
 
@@ -447,11 +479,12 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     fork: str,
     min_rebuild_interval: float,
     retire_on: object = None,
+    name: str | None = None,
 ) -> ProcessSingleton[T]:
     """Return a new thread singleton for *factory*."""
     single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
     own = type(single)
-    name = _name(factory)
+    name = name or _name(factory)
     # Where the polled hit path finds the key (see _sync.arm).
     type.__setattr__(own, "_poolkeeper_key", key)
     # The lifecycle outlives a dropped singleton (the registry holds it),
@@ -487,10 +520,11 @@ def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
     fork: str,
     min_rebuild_interval: float,
     retire_on: object = None,
+    name: str | None = None,
 ) -> AsyncProcessSingleton[T]:
     """Return a new per-loop singleton for the ``async def`` *factory*."""
     single: AsyncProcessSingleton[T] = _own(AsyncProcessSingleton, factory)
-    name = _name(factory)
+    name = name or _name(factory)
     # Held weakly, as for a thread singleton.
     cls: weakref.ReferenceType[type] = weakref.ref(type(single))
     life: Lifecycle[T] = Lifecycle(

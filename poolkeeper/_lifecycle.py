@@ -504,6 +504,7 @@ class Lifecycle(Generic[T]):
             (self, "builds", builds),
             (self, "retirements", counts),
             (slot, "deferred", None),
+            (slot, "cause", None),
             (ticket, "record", new),
             (ticket, "finished", True),
             (self, "owed", owed),
@@ -823,6 +824,7 @@ class Lifecycle(Generic[T]):
                 reason=pending[1],
                 error=pending[2],
                 sequence=live.sequence,
+                key=live.fingerprint,
             )
         due = time.monotonic() + wait
         slot.deferred = (live.sequence, reason, error, due)
@@ -833,6 +835,7 @@ class Lifecycle(Generic[T]):
             reason=reason,
             error=error,
             sequence=live.sequence,
+            key=live.fingerprint,
         )
 
     def _retire_live(  # noqa: PLR0913 -- what a retirement knows.
@@ -853,7 +856,7 @@ class Lifecycle(Generic[T]):
         BACKOFF_FIRST.
         """
         self._disarm()
-        spacing = slot.spacing
+        spacing = before = slot.spacing
         age = time.monotonic() - live.built_at
         if reason in HEALING:
             spacing = (
@@ -868,6 +871,7 @@ class Lifecycle(Generic[T]):
             (slot, "retired", retired),
             (slot, "deferred", None),
             (slot, "spacing", spacing),
+            (slot, "cause", reason),
             (box, "state", state),
             (self, "owed", owed),
             (self, "retirements", self._counted(reason)),
@@ -880,6 +884,8 @@ class Lifecycle(Generic[T]):
             reason=reason,
             error=error,
             sequence=live.sequence,
+            key=live.fingerprint,
+            backoff=(before, spacing) if reason in HEALING else None,
         )
 
     @locked
@@ -898,6 +904,7 @@ class Lifecycle(Generic[T]):
                 (slot, "live", None),
                 (slot, "retired", retired),
                 (slot, "deferred", None),
+                (slot, "cause", "close_all"),
                 (box, "state", state),
                 (self, "owed", owed),
                 (self, "retirements", counts),
@@ -1075,6 +1082,8 @@ class Lifecycle(Generic[T]):
         for record in abandoned:
             record.open, record.state = False, ClientState.ABANDONED
         for slot in self.slots.values():
+            if slot.live is not None:
+                slot.cause = "fork"
             slot.live, slot.retired, slot.built_at = None, (), float("-inf")
             slot.dropped = slot.key is not None
         self.slots = {k: s for k, s in self.slots.items() if k is None}

@@ -231,6 +231,7 @@ class Slot:
     __slots__ = (
         "build",
         "built_at",
+        "cause",
         "deferred",
         "dropped",
         "hook",
@@ -259,6 +260,9 @@ class Slot:
         # sequence, reason, error type name, monotonic time due).
         self.spacing = 0.0
         self.deferred: tuple[int, str, str | None, float] | None = None
+        # Why the slot has no live client: the last retirement's reason
+        # (None after a build), the reason its next build reports.
+        self.cause: str | None = None
 
 
 class Verdict:
@@ -266,10 +270,21 @@ class Verdict:
 
     *retired*: the client was retired now. *delay*: seconds after which
     a deferred retirement is due (the driver arms a timer), None when
-    nothing new was deferred. *age*: the client's age in seconds.
+    nothing new was deferred. *age*: the client's age in seconds. *key*:
+    its key's fingerprint. *backoff*: for a healing retirement, the
+    backoff before and after it, in seconds.
     """
 
-    __slots__ = ("age", "delay", "error", "reason", "retired", "sequence")
+    __slots__ = (
+        "age",
+        "backoff",
+        "delay",
+        "error",
+        "key",
+        "reason",
+        "retired",
+        "sequence",
+    )
 
     def __init__(  # noqa: PLR0913 -- one field each.
         self,
@@ -280,7 +295,13 @@ class Verdict:
         reason: str,
         error: str | None,
         sequence: int,
+        key: str | None = None,
+        backoff: tuple[float, float] | None = None,
     ) -> None:
+        self.key = key  # The retired client's key fingerprint.
+        # A healing retirement's backoff: (before, after) in seconds, the
+        # spacing the retired client had and the one its successor has.
+        self.backoff = backoff
         self.retired = retired
         self.delay = delay
         self.age = age

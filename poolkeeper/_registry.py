@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from poolkeeper import _adapters, _builds, _environ, _filekeys
+from poolkeeper import _adapters, _builds, _environ, _events, _filekeys
 from poolkeeper._close import (
     aclose_anywhere,
     arun_each,
@@ -76,6 +76,31 @@ abandoned: list[object] = []
 # While the at-fork hook runs an after_fork hook: what release_sockets has
 # to say, logged by the singleton's first call in the child instead.
 fork_notes: list[str] | None = None
+
+
+def census() -> list[tuple[str, int, int, int, dict[str, int]]]:
+    """Per singleton name: live and retired clients, leases, retirements.
+
+    For OpenTelemetry's observable instruments (see _events), read
+    lock-free when a reader collects. Singletons of one name add up.
+    """
+    rows: dict[str, tuple[int, int, int, dict[str, int]]] = {}
+    for entry in list(_entries):
+        life = entry.life
+        slots = list(life.slots.values())
+        live = sum(slot.live is not None for slot in slots)
+        retired = sum(len(slot.retired) for slot in slots)
+        leases = sum(r.leases + len(r.pins) for r in life.holders())
+        counts = dict(life.retirements)
+        if life.name in rows:
+            a, b, c, before = rows[life.name]
+            live, retired, leases = live + a, retired + b, leases + c
+            counts = {k: n + before.get(k, 0) for k, n in counts.items()}
+        rows[life.name] = (live, retired, leases, counts)
+    return [(name, *row) for name, row in rows.items()]
+
+
+_events.census = census
 
 
 def register(owner: object, entry: Entry) -> None:

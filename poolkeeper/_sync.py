@@ -24,10 +24,10 @@ from poolkeeper._builds import (
     ended,
     error_name,
     log,
-    log_built,
     monotonic,
     read_key,
     refuse_coroutine,
+    report,
     settle,
     waiting,
 )
@@ -288,9 +288,10 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             try:
                 run.end()
             finally:
-                self._close(run.doomed)
-        if ticket.record is not None:  # pragma: no branch -- injected.
-            log_built(self._self_name, ticket.record)
+                try:
+                    self._close(run.doomed)
+                finally:
+                    report(self._self_name, run, is_async=False)
 
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import wrapt
 
+from poolkeeper import _events
 from poolkeeper._clients import WATCHED_CLASSES
 from poolkeeper._watch import _census
 from poolkeeper._watch._patch import Patch
@@ -114,6 +115,11 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
     Only construction is slowed down, by a few microseconds; method calls
     on the clients are untouched.
 
+    With the ``otel`` extra, it also reports the process's open file
+    descriptors and threads as OpenTelemetry gauges
+    (``process.open_file_descriptor.count``, ``process.thread.count``;
+    see the observability page of the docs).
+
     Args:
         *names: Classes to watch, as ``"module:Class"``.
         limit: The most instances of one class expected alive at once.
@@ -132,6 +138,7 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
         if not module or not attr or ":" in attr:
             msg = f"{spec!r} is not 'module:Class', e.g. 'httpx:Client'."
             raise ValueError(msg)
+    _events.watched()
     with _registry_lock:
         for spec in specs:
             target = _targets.get(spec)

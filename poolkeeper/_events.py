@@ -1,0 +1,506 @@
+"""Lifecycle events: one function per event, the one place each is said.
+
+Each event is a record on the ``poolkeeper`` logger, with its fields in
+``extra`` (``poolkeeper_singleton``, ``poolkeeper_event``,
+``poolkeeper_key``: the key's fingerprint, never the key; and the event's
+own fields), and, with the ``otel`` extra installed, a value on an
+OpenTelemetry instrument of the meter ``poolkeeper``. Levels: builds and
+closes DEBUG; a deferral and a backoff reset INFO; failures, a healing
+retirement and the healing backoff engaged WARNING.
+
+The drivers and the closer call these, with no lock held, on builds and
+closes only: nothing here runs per call or per lease. The lifecycle never
+calls them (it does no I/O). OpenTelemetry is imported on the first event,
+never by ``import poolkeeper``; without it installed, an event costs one
+cached check. Counts that only the lifecycle holds (retirements by reason,
+fork's included; clients live and retired; leases) are observed from the
+registry when a reader collects, not recorded per event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Final
+
+from poolkeeper._lifecycle import HEALING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Generator, Iterable
+
+    from opentelemetry.metrics import (
+        CallbackOptions,
+        Counter,
+        Histogram,
+        Meter,
+        Observation,
+    )
+
+log = logging.getLogger("poolkeeper")
+
+#: The reasons a build carries besides a retirement's: the slot's first
+#: build, or a rebuild after a failed one with nothing retired.
+FIRST: Final = "first"
+
+
+# -- the events ----------------------------------------------------------
+
+
+def built(  # noqa: PLR0913 -- what a build says.
+    name: str,
+    key: str | None,
+    generation: int,
+    reason: str,
+    duration: float,
+    *,
+    is_async: bool,
+) -> None:
+    """A build made a client live in *duration* seconds."""
+    log.debug(
+        "Built %s (generation %d, key %s, reason %s) in %.3f s.",
+        name,
+        generation,
+        key,
+        reason,
+        duration,
+        extra={
+            **_fields(name, "built", key),
+            "poolkeeper_generation": generation,
+            "poolkeeper_reason": reason,
+            "poolkeeper_duration": duration,
+            "poolkeeper_outcome": "success",
+            "poolkeeper_async": is_async,
+        },
+    )
+    _build_metrics(name, reason, "success", duration)
+
+
+def build_failed(  # noqa: PLR0913 -- what a build says.
+    name: str,
+    key: str | None,
+    reason: str,
+    duration: float,
+    error: BaseException,
+    *,
+    is_async: bool,
+) -> None:
+    """A build raised *error*: its type is logged, never its message."""
+    log.warning(
+        "Building %s (key %s, reason %s) failed after %.3f s: %s.",
+        name,
+        key,
+        reason,
+        duration,
+        type(error).__name__,
+        extra={
+            **_fields(name, "build_failed", key),
+            "poolkeeper_reason": reason,
+            "poolkeeper_duration": duration,
+            "poolkeeper_outcome": "failure",
+            "poolkeeper_error_type": type(error).__name__,
+            "poolkeeper_async": is_async,
+        },
+    )
+    _build_metrics(name, reason, "failure", duration)
+
+
+def retired(  # noqa: PLR0913 -- what a retirement says.
+    name: str,
+    key: str | None,
+    reason: str,
+    error: str | None,
+    age: float,
+    *,
+    backoff: float,
+) -> None:
+    """A client was retired: WARNING for healing, DEBUG otherwise.
+
+    *backoff*: the healing backoff its successor has, in seconds.
+    """
+    extra = {
+        **_fields(name, "retired", key),
+        "poolkeeper_reason": reason,
+        "poolkeeper_error_type": error,
+        "poolkeeper_age": age,
+        "poolkeeper_backoff": backoff,
+    }
+    if reason in HEALING:
+        log.warning(
+            "Retired %s (reason %s, error %s, age %.3f s); the next call "
+            "builds a new client.",
+            name,
+            reason,
+            error,
+            age,
+            extra=extra,
+        )
+    else:
+        log.debug(
+            "Retired %s (reason %s, age %.3f s).",
+            name,
+            reason,
+            age,
+            extra=extra,
+        )
+
+
+def deferred(name: str, key: str | None, reason: str, delay: float) -> None:
+    """A retirement (healing, or a reset) waits *delay* s: the backoff."""
+    log.info(
+        "Deferred the retirement of %s (reason %s) by %.3f s: the "
+        "backoff is in force.",
+        name,
+        reason,
+        delay,
+        extra={
+            **_fields(name, "deferred", key),
+            "poolkeeper_reason": reason,
+            "poolkeeper_delay": delay,
+        },
+    )
+
+
+def backoff_engaged(
+    name: str, key: str | None, backoff: float, before: float
+) -> None:
+    """Healing retired a client within its backoff: the backoff doubles.
+
+    Clients are found broken faster than the backoff: WARNING.
+    """
+    log.warning(
+        "Healing of %s backs off: a healing retirement of its next client "
+        "within %.3f s of its build waits until then (was %.3f s).",
+        name,
+        backoff,
+        before,
+        extra={
+            **_fields(name, "backoff_engaged", key),
+            "poolkeeper_backoff": backoff,
+            "poolkeeper_backoff_before": before,
+        },
+    )
+
+
+def backoff_reset(
+    name: str, key: str | None, backoff: float, before: float
+) -> None:
+    """A client outlived the backoff: it starts again from *backoff* s."""
+    log.info(
+        "Healing of %s: the backoff is reset to %.3f s (was %.3f s); the "
+        "retired client outlived it.",
+        name,
+        backoff,
+        before,
+        extra={
+            **_fields(name, "backoff_reset", key),
+            "poolkeeper_backoff": backoff,
+            "poolkeeper_backoff_before": before,
+        },
+    )
+
+
+def closed(
+    name: str, key: str | None, generation: int, duration: float
+) -> None:
+    """A retired client's close returned after *duration* seconds."""
+    log.debug(
+        "Closed the retired %s client (generation %d) in %.3f s.",
+        name,
+        generation,
+        duration,
+        extra={
+            **_fields(name, "closed", key),
+            "poolkeeper_generation": generation,
+            "poolkeeper_duration": duration,
+            "poolkeeper_outcome": "success",
+        },
+    )
+    _close_metrics(name, "success")
+
+
+def close_failed(  # noqa: PLR0913 -- what a failed close says.
+    name: str,
+    key: str | None,
+    generation: int,
+    message: str,
+    error: BaseException | None,
+    *,
+    counted: bool,
+) -> None:
+    """A retired client's close failed (raised, or could not run)."""
+    log.warning(
+        message,
+        exc_info=error,
+        extra={
+            **_fields(name, "close_failed", key),
+            "poolkeeper_generation": generation,
+            "poolkeeper_outcome": "failure",
+            "poolkeeper_error_type": (
+                None if error is None else type(error).__name__
+            ),
+        },
+    )
+    if counted:
+        _close_metrics(name, "failure")
+
+
+def _fields(name: str, event: str, key: str | None) -> dict[str, Any]:
+    # poolkeeper_factory: the name's field before events (kept).
+    return {
+        "poolkeeper_singleton": name,
+        "poolkeeper_factory": name,
+        "poolkeeper_event": event,
+        "poolkeeper_key": key,
+    }
+
+
+# -- OpenTelemetry ---------------------------------------------------------
+
+
+class Instruments:
+    """The synchronous instruments; the observable ones report by callback."""
+
+    __slots__ = ("build_duration", "builds", "closes")
+
+    def __init__(
+        self, builds: Counter, build_duration: Histogram, closes: Counter
+    ) -> None:
+        self.builds = builds
+        self.build_duration = build_duration
+        self.closes = closes
+
+
+_lock = threading.Lock()
+#: None until the first event; then False (no OpenTelemetry) or the set.
+_made: Instruments | bool | None = None
+#: The registry's view, installed by _registry (no import cycle): yields
+#: (name, live, retired, leases, retirements by reason) per singleton.
+census: Callable[[], Iterable[tuple[str, int, int, int, dict[str, int]]]]
+census = tuple
+#: Whether watch() asked for the process's descriptors and threads.
+_process_gauges = False
+
+
+def instruments() -> Instruments | None:
+    """The instruments, made on first use; None without OpenTelemetry."""
+    made = _made
+    if made is None:
+        with _lock:
+            made = _make_once() if _made is None else _made
+    return made if isinstance(made, Instruments) else None
+
+
+def _make_once() -> Instruments | bool:
+    global _made  # noqa: PLW0603 -- set once, under _lock.
+    try:
+        return _make()
+    except Exception:  # An event never raises.
+        _made = False
+        log.warning(
+            "Making poolkeeper's OpenTelemetry instruments failed; no "
+            "metrics will be recorded.",
+            exc_info=True,
+        )
+        return False
+
+
+def _make() -> Instruments | bool:
+    global _made  # noqa: PLW0603 -- set once, under _lock.
+    try:
+        from opentelemetry import metrics  # noqa: PLC0415 -- the extra.
+    except ImportError:
+        _made = False
+        return False
+    from poolkeeper import __version__  # noqa: PLC0415 -- import cycle.
+
+    meter = metrics.get_meter("poolkeeper", __version__)
+    made = Instruments(
+        meter.create_counter(
+            "poolkeeper.client.builds",
+            unit="{build}",
+            description="Factory calls, by outcome and reason.",
+        ),
+        _histogram(meter),
+        meter.create_counter(
+            "poolkeeper.client.closes",
+            unit="{client}",
+            description="Retired clients closed, by outcome.",
+        ),
+    )
+    meter.create_observable_counter(
+        "poolkeeper.client.retirements",
+        callbacks=[_observe_retirements],
+        unit="{client}",
+        description="Clients retired, by reason.",
+    )
+    meter.create_observable_gauge(
+        "poolkeeper.client.open",
+        callbacks=[_observe_open],
+        unit="{client}",
+        description="Clients not yet closed: live, or retired and "
+        "waiting for their leases or their close.",
+    )
+    meter.create_observable_gauge(
+        "poolkeeper.lease.active",
+        callbacks=[_observe_leases],
+        unit="{lease}",
+        description="Leases held, on live and retired clients.",
+    )
+    meter.create_observable_gauge(
+        "process.open_file_descriptor.count",
+        callbacks=[_observe_fds],
+        unit="{file_descriptor}",
+        description="The process's open file descriptors (watch()).",
+    )
+    meter.create_observable_gauge(
+        "process.thread.count",
+        callbacks=[_observe_threads],
+        unit="{thread}",
+        description="The process's threads (watch()).",
+    )
+    _made = made
+    return made
+
+
+#: Seconds: a client's build takes milliseconds to tens of seconds.
+_SUBSECOND: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+BUCKETS: Final = (*_SUBSECOND, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _histogram(meter: Meter) -> Histogram:
+    name, unit = "poolkeeper.client.build.duration", "s"
+    description = "How long a factory call took."
+    try:
+        # Bucket boundaries in seconds, as advice (API 1.23 and later);
+        # the SDK's default ones are for milliseconds.
+        return meter.create_histogram(
+            name,
+            unit=unit,
+            description=description,
+            explicit_bucket_boundaries_advisory=list(BUCKETS),
+        )
+    except TypeError:  # pragma: no cover -- an API before 1.23.
+        return meter.create_histogram(name, unit=unit, description=description)
+
+
+def _build_metrics(
+    name: str, reason: str, outcome: str, duration: float
+) -> None:
+    made = instruments()
+    if made is None:
+        return
+    attributes = {
+        "poolkeeper.singleton": name,
+        "poolkeeper.reason": reason,
+        "poolkeeper.outcome": outcome,
+    }
+    with _quiet():
+        made.builds.add(1, attributes)
+        made.build_duration.record(duration, attributes)
+
+
+def _close_metrics(name: str, outcome: str) -> None:
+    made = instruments()
+    if made is not None:
+        with _quiet():
+            made.closes.add(
+                1,
+                {"poolkeeper.singleton": name, "poolkeeper.outcome": outcome},
+            )
+
+
+@contextlib.contextmanager
+def _quiet() -> Generator[None, None, None]:
+    # A recording that fails is logged at DEBUG: an event never raises
+    # into the build or close it reports.
+    try:
+        yield
+    except Exception:  # Logged, not raised.
+        log.debug("Recording a poolkeeper metric failed.", exc_info=True)
+
+
+def watched() -> None:
+    """``watch()`` runs: report the process's descriptors and threads.
+
+    The instruments are made now if OpenTelemetry is already imported,
+    else at the first event: ``watch()`` at interpreter startup
+    (``POOLKEEPER_WATCH=1``) imports nothing.
+    """
+    global _process_gauges  # noqa: PLW0603 -- a flag, set once.
+    _process_gauges = True
+    if "opentelemetry.metrics" in sys.modules:
+        instruments()
+
+
+def _observations(
+    rows: Iterable[tuple[float, dict[str, str]]],
+) -> list[Observation]:
+    from opentelemetry.metrics import Observation  # noqa: PLC0415
+
+    return [Observation(value, attributes) for value, attributes in rows]
+
+
+def _observe_retirements(options: CallbackOptions) -> list[Observation]:
+    del options
+    return _observations(
+        (n, {"poolkeeper.singleton": name, "poolkeeper.reason": reason})
+        for name, _, _, _, counts in census()
+        for reason, n in counts.items()
+    )
+
+
+def _observe_open(options: CallbackOptions) -> list[Observation]:
+    del options
+    rows: list[tuple[float, dict[str, str]]] = []
+    for name, live, retired, _, _ in census():
+        rows.append(
+            (live, {"poolkeeper.singleton": name, "poolkeeper.state": "live"})
+        )
+        rows.append(
+            (
+                retired,
+                {"poolkeeper.singleton": name, "poolkeeper.state": "retired"},
+            )
+        )
+    return _observations(rows)
+
+
+def _observe_leases(options: CallbackOptions) -> list[Observation]:
+    del options
+    return _observations(
+        (leases, {"poolkeeper.singleton": name})
+        for name, _, _, leases, _ in census()
+    )
+
+
+def _observe_fds(options: CallbackOptions) -> list[Observation]:
+    del options
+    if not _process_gauges:
+        return []
+    for where in ("/proc/self/fd", "/dev/fd"):
+        try:
+            count = _entries(where)
+        except OSError:
+            continue
+        # The descriptor reading the directory is not the program's.
+        return _observations([(count - 1, {})])
+    return []
+
+
+def _observe_threads(options: CallbackOptions) -> list[Observation]:
+    del options
+    if not _process_gauges:
+        return []
+    try:
+        count = _entries("/proc/self/task")
+    except OSError:
+        count = threading.active_count()
+    return _observations([(count, {})])
+
+
+def _entries(directory: str) -> int:
+    with os.scandir(directory) as entries:
+        return sum(1 for _ in entries)

@@ -1,0 +1,620 @@
+"""Lifecycle events (issue 24): log records and OpenTelemetry metrics.
+
+The process's global MeterProvider is set once, here, with the SDK's
+in-memory reader and the Prometheus exporter's reader. Instruments made
+before it was set (by an earlier test's first build) still report: the
+API's proxy meter forwards them. Every test names its singleton uniquely
+(``name=``) and reads only its own series, as the readers are cumulative.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="the dev group's otel")
+
+from helpers import WAIT, Factory, FakeClient
+from opentelemetry import metrics
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import start_http_server
+from test_events_core import imported_after
+from test_hit_frames import frames_of
+
+import poolkeeper
+from poolkeeper import _events, _lifecycle, keys, process_singleton
+
+VAR = "PK_EVENTS_API_KEY"
+#: Secret-looking key values: none may appear in metrics or logs.
+SECRETS = (
+    "sk-live-4f9b2c7e1a0d4e8f9b3c",
+    "sk-live-77aa0e31bd5c42f09e1d",
+    "sk-live-0c3e9d1f5a6b4782ad90",
+)
+
+_readers: list[InMemoryMetricReader] = []
+
+
+@pytest.fixture(name="reader", scope="module")
+def _reader() -> InMemoryMetricReader:
+    """The in-memory reader of the process's one MeterProvider."""
+    if not _readers:
+        memory = InMemoryMetricReader()
+        provider = MeterProvider(
+            metric_readers=[memory, PrometheusMetricReader()]
+        )
+        metrics.set_meter_provider(provider)
+        _readers.append(memory)
+    return _readers[0]
+
+
+def points(reader: InMemoryMetricReader, name: str) -> dict:
+    """Map (metric, attributes without the singleton) -> value, for *name*.
+
+    A histogram's value is its count. Also asserts that no secret appears
+    anywhere in the metrics data.
+    """
+    data = reader.get_metrics_data()
+    text = data.to_json()
+    for secret in SECRETS:
+        assert secret not in text
+    found: dict = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            if scope.scope.name != "poolkeeper":
+                continue
+            assert scope.scope.version == poolkeeper.__version__
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes)
+                    if attributes.pop("poolkeeper.singleton", None) != name:
+                        continue
+                    value = getattr(point, "count", None)
+                    if value is None or hasattr(point, "value"):
+                        value = point.value
+                    found[metric.name, frozenset(attributes.items())] = value
+    return found
+
+
+def units(reader: InMemoryMetricReader) -> dict[str, str]:
+    data = reader.get_metrics_data()
+    return {
+        metric.name: metric.unit
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        if scope.scope.name == "poolkeeper"
+        for metric in scope.metrics
+    }
+
+
+def build(reason: str, outcome: str) -> tuple[str, frozenset]:
+    return (
+        "poolkeeper.client.builds",
+        frozenset(
+            {
+                "poolkeeper.reason": reason,
+                "poolkeeper.outcome": outcome,
+            }.items()
+        ),
+    )
+
+
+def expected(name: str) -> dict:
+    """What the scenario (see run_sync) leaves in the metrics."""
+    del name
+    retirements = dict.fromkeys(
+        (
+            "key",
+            "fork",
+            "reset",
+            "retire",
+            "retire_on",
+            "check",
+            "max_age",
+            "close_all",
+            "loop_end",
+        ),
+        0,
+    )
+    retirements.update(key=2, reset=1, retire=1, close_all=1)
+    found = {
+        build("first", "success"): 1,
+        build("key", "success"): 2,
+        build("reset", "success"): 1,
+        build("retire", "success"): 1,
+        build("key", "failure"): 1,
+        (
+            "poolkeeper.client.closes",
+            frozenset({"poolkeeper.outcome": "success"}.items()),
+        ): 5,
+        (
+            "poolkeeper.client.open",
+            frozenset({"poolkeeper.state": "live"}.items()),
+        ): 0,
+        (
+            "poolkeeper.client.open",
+            frozenset({"poolkeeper.state": "retired"}.items()),
+        ): 0,
+        ("poolkeeper.lease.active", frozenset()): 0,
+    }
+    for reason, n in retirements.items():
+        key = frozenset({"poolkeeper.reason": reason}.items())
+        found["poolkeeper.client.retirements", key] = n
+    for (metric, attributes), n in list(found.items()):
+        if metric == "poolkeeper.client.builds":
+            found["poolkeeper.client.build.duration", attributes] = n
+    return found
+
+
+def scenario_sync(monkeypatch, name: str) -> list[FakeClient]:
+    """First build, rotation, reset, healing, failed build, close_all."""
+    monkeypatch.setenv(VAR, SECRETS[0])
+    factory = Factory()
+    single = process_singleton(key=keys.env(VAR), name=name)(factory)
+    first = single()  # first
+    monkeypatch.setenv(VAR, SECRETS[1])
+    single()  # key: retires the first
+    assert single.reset()  # reset
+    client = single()  # built: reason reset
+    assert single.retire(client)  # retire
+    single()  # built: reason retire
+    factory.fail_with = ConnectionError(SECRETS[2])
+    monkeypatch.setenv(VAR, SECRETS[2])
+    with pytest.raises(ConnectionError):
+        single()  # key, failure
+    factory.fail_with = None
+    single()  # key: retires the retire build's client
+    poolkeeper.close_all()  # close_all
+    assert all(c.closed for c in factory.built)
+    assert first.closed
+    return factory.built
+
+
+async def scenario_async(monkeypatch, name: str) -> list[FakeClient]:
+    monkeypatch.setenv(VAR, SECRETS[0])
+    built: list[FakeClient] = []
+    fail: list[BaseException] = []
+
+    async def factory() -> FakeClient:
+        await asyncio.sleep(0)
+        if fail:
+            raise fail[0]
+        built.append(FakeClient())
+        return built[-1]
+
+    single = process_singleton(key=keys.env(VAR), name=name)(factory)
+    await single()
+    monkeypatch.setenv(VAR, SECRETS[1])
+    await single()
+    assert await single.reset()
+    client = await single()
+    assert await single.retire(client)
+    await single()
+    fail.append(ConnectionError(SECRETS[2]))
+    monkeypatch.setenv(VAR, SECRETS[2])
+    with pytest.raises(ConnectionError):
+        await single()
+    fail.clear()
+    await single()
+    await poolkeeper.aclose_all()
+    assert all(c.closed for c in built)
+    return built
+
+
+def test_sync_scenario_counts_exactly(reader, monkeypatch):
+    name = f"events-sync-{uuid.uuid4().hex[:8]}"
+    built = scenario_sync(monkeypatch, name)
+    assert len(built) == 5
+    assert expected(name) == points(reader, name)
+
+
+def test_async_scenario_counts_exactly(reader, monkeypatch):
+    name = f"events-async-{uuid.uuid4().hex[:8]}"
+    built = asyncio.run(scenario_async(monkeypatch, name))
+    assert len(built) == 5
+    assert expected(name) == points(reader, name)
+
+
+def test_units_follow_semantic_conventions(reader, monkeypatch):
+    name = f"events-units-{uuid.uuid4().hex[:8]}"
+    process_singleton(name=name)(Factory())()
+    poolkeeper.watch("events_test_module:Nothing")
+    assert {
+        "poolkeeper.client.builds": "{build}",
+        "poolkeeper.client.build.duration": "s",
+        "poolkeeper.client.retirements": "{client}",
+        "poolkeeper.client.closes": "{client}",
+        "poolkeeper.client.open": "{client}",
+        "poolkeeper.lease.active": "{lease}",
+        "process.open_file_descriptor.count": "{file_descriptor}",
+        "process.thread.count": "{thread}",
+    }.items() <= units(reader).items()
+
+
+def test_open_and_leases_are_observed(reader):
+    name = f"events-gauges-{uuid.uuid4().hex[:8]}"
+    single = process_singleton(name=name)(Factory())
+    single()
+    live = frozenset({"poolkeeper.state": "live"}.items())
+    retired = frozenset({"poolkeeper.state": "retired"}.items())
+    with single.lease():
+        assert single.reset()  # Retired, waiting for its lease.
+        found = points(reader, name)
+        assert found["poolkeeper.lease.active", frozenset()] == 1
+        assert found["poolkeeper.client.open", retired] == 1
+        assert found["poolkeeper.client.open", live] == 0
+    single()
+    found = points(reader, name)
+    assert found["poolkeeper.lease.active", frozenset()] == 0
+    assert found["poolkeeper.client.open", retired] == 0
+    assert found["poolkeeper.client.open", live] == 1
+
+
+def test_watch_reports_descriptors_and_threads(reader):
+    poolkeeper.watch("events_test_module:Nothing")
+    data = reader.get_metrics_data()
+    values = {
+        metric.name: metric.data.data_points[0].value
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name.startswith("process.")
+    }
+    fds = len(list(pathlib.Path("/proc/self/fd").iterdir())) - 1
+    assert abs(values["process.open_file_descriptor.count"] - fds) <= 2
+    assert values["process.thread.count"] >= threading.active_count()
+    # A descriptor opened is seen at the next collection.
+    r, w = os.pipe()
+    try:
+        data = reader.get_metrics_data()
+        after = next(
+            m.data.data_points[0].value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "process.open_file_descriptor.count"
+        )
+        assert after == values["process.open_file_descriptor.count"] + 2
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_log_records_carry_fields_never_the_key(reader, monkeypatch, caplog):
+    del reader
+    name = f"events-logs-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    scenario_sync(monkeypatch, name)
+    ours = [
+        r
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+    ]
+    for record in caplog.records:
+        text = repr(vars(record)) + record.getMessage()
+        for secret in SECRETS:
+            assert secret not in text
+    events = [
+        (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None), r.levelno)
+        for r in ours
+    ]
+    d, w = logging.DEBUG, logging.WARNING
+    assert events == [
+        ("built", "first", d),
+        ("closed", None, d),  # The first client, retired by the key.
+        ("built", "key", d),
+        ("closed", None, d),  # Closed at once, then the retirement said.
+        ("retired", "reset", d),
+        ("built", "reset", d),
+        ("closed", None, d),
+        ("retired", "retire", w),
+        ("built", "retire", d),
+        ("build_failed", "key", w),
+        ("closed", None, d),
+        ("built", "key", d),
+        ("closed", None, d),  # close_all.
+    ]
+    fingerprints = {r.poolkeeper_key for r in ours}
+    assert len(fingerprints) == 3
+    assert all(re.fullmatch("[0-9a-f]{12}", f) for f in fingerprints)
+    for record in ours:
+        assert record.poolkeeper_factory == name
+        assert record.name == "poolkeeper"
+    built = [r for r in ours if r.poolkeeper_event == "built"]
+    assert all(r.poolkeeper_outcome == "success" for r in built)
+    assert all(r.poolkeeper_duration >= 0 for r in built)
+    assert [r.poolkeeper_generation for r in built] == [1, 2, 3, 4, 5]
+    failed = next(r for r in ours if r.poolkeeper_event == "build_failed")
+    assert failed.poolkeeper_error_type == "ConnectionError"
+    assert failed.poolkeeper_outcome == "failure"
+    assert "ConnectionError" in failed.getMessage()
+
+
+def test_close_failure_is_an_event(reader, caplog):
+    name = f"events-closefail-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+
+    def close(client: object) -> None:
+        raise OSError("boom")
+
+    single = process_singleton(close=close, name=name)(Factory())
+    single()
+    single.reset()
+    failed = [
+        r
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+        and r.poolkeeper_event == "close_failed"
+    ]
+    assert len(failed) == 1
+    assert failed[0].levelno == logging.WARNING
+    assert failed[0].poolkeeper_error_type == "OSError"
+    assert "failed; it was dropped" in failed[0].getMessage()
+    key = frozenset({"poolkeeper.outcome": "failure"}.items())
+    assert points(reader, name)["poolkeeper.client.closes", key] == 1
+
+
+def test_hit_path_runs_no_frame_with_a_provider_set(reader, monkeypatch):
+    """The armed hit starts no Python frame with metrics on (issue 24)."""
+    del reader
+    monkeypatch.setenv(VAR, SECRETS[0])
+    single = process_singleton(key=keys.env(VAR), name="events-frames")(
+        Factory()
+    )
+    client = single()
+    single()
+    result: list[object] = []
+    assert ["<lambda>"] == frames_of(lambda: result.append(single()))
+    assert [client] == result
+
+    def use() -> None:
+        with single.lease() as leased:
+            result.append(leased)
+
+    assert ["use", "__enter__", "__exit__"] == frames_of(use)
+    assert [client, client] == result
+
+
+def test_hit_frames_guard_passes_with_a_provider_set():
+    """All of tests/test_hit_frames.py, with metrics on, instruments made."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "otel_plugin",
+            "test_hit_frames.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=pathlib.Path(__file__).parent,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "otel_plugin: provider set, instruments made" in done.stdout
+
+
+@pytest.mark.parametrize("mode", ["absent", "present"])
+def test_import_poolkeeper_imports_no_opentelemetry(mode):
+    """Absent: nothing imported, builds work. Present: only on an event."""
+    imported = imported_after(mode)
+    if mode == "absent":
+        assert imported == []
+    else:
+        assert "opentelemetry.metrics" in imported
+        assert not [m for m in imported if m.startswith("opentelemetry.sdk")]
+
+
+def test_prometheus_scrape_finds_the_metrics(reader, monkeypatch):
+    """A demo-like workload, scraped over HTTP on 127.0.0.1."""
+    del reader
+    server, thread = start_http_server(0, addr="127.0.0.1")
+    try:
+        port = server.server_address[1]
+        monkeypatch.setenv(VAR, SECRETS[0])
+        single = process_singleton(key=keys.env(VAR), name="events_prom")(
+            Factory()
+        )
+        poolkeeper.watch("events_test_module:Nothing")
+
+        def worker() -> None:
+            for _ in range(50):
+                with single.lease():
+                    pass
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        monkeypatch.setenv(VAR, SECRETS[1])  # A rotation mid-run.
+        single()
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=WAIT) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)
+    for secret in SECRETS:
+        assert secret not in text
+    assert re.search(
+        r"^poolkeeper_client_builds(_build)?_total\{[^}]*"
+        r'poolkeeper_reason="key"[^}]*poolkeeper_singleton="events_prom"'
+        r"[^}]*\} 1\.0$",
+        text,
+        re.MULTILINE,
+    ), text
+    assert "poolkeeper_client_build_duration_seconds_count" in text
+    assert re.search(
+        r"^process_open_file_descriptor_count\S* \d", text, re.MULTILINE
+    )
+    assert re.search(r"^process_thread_count\S* \d", text, re.MULTILINE)
+    assert (
+        "poolkeeper_client_open{" in text or "poolkeeper_client_open_" in text
+    )
+
+
+PROXY_CHECK = textwrap.dedent(
+    """
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    import poolkeeper
+    from poolkeeper import _events
+
+    single = poolkeeper.process_singleton(name="early")(list)
+    single()  # The instruments are made now, on the API's proxy meter.
+    assert _events.instruments() is not None
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    single.reset()
+    single()
+    found = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    a = dict(p.attributes)
+                    v = getattr(p, "value", None)
+                    found[m.name, a.get("poolkeeper.reason"),
+                          a.get("poolkeeper.state")] = (
+                        p.count if v is None else v)
+    print(found)
+    """
+)
+
+
+def test_instruments_made_before_the_provider_still_report():
+    """Made at the first build, before set_meter_provider: they forward."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROXY_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    found = ast.literal_eval(done.stdout.strip())
+    # The build before the provider is not counted; the one after is.
+    assert found["poolkeeper.client.builds", "reset", None] == 1
+    assert ("poolkeeper.client.builds", "first", None) not in found
+    assert found["poolkeeper.client.build.duration", "reset", None] == 1
+    # Observed ones read the lifecycle: everything since the start.
+    assert found["poolkeeper.client.retirements", "reset", None] == 1
+    assert found["poolkeeper.client.open", None, "live"] == 1
+    assert found["poolkeeper.lease.active", None, None] == 0
+
+
+class TestMetricsNeverRaise:
+    def test_instruments_that_cannot_be_made_are_logged_once(
+        self, monkeypatch, caplog
+    ):
+        """A meter that raises: builds go on, one WARNING, no metrics."""
+
+        def broken(*args: object, **kwargs: object) -> None:
+            msg = "no meter"
+            raise RuntimeError(msg)
+
+        monkeypatch.setattr(_events, "_made", None)
+        monkeypatch.setattr(metrics, "get_meter", broken)
+        caplog.set_level(logging.WARNING, logger="poolkeeper")
+        single = process_singleton(name="events-broken-meter")(Factory())
+        single()
+        single.reset()
+        single()
+        assert _events.instruments() is None
+        [record] = [
+            r for r in caplog.records if "instruments failed" in r.getMessage()
+        ]
+        assert record.levelno == logging.WARNING
+
+    def test_a_recording_that_raises_is_logged_at_debug(
+        self, monkeypatch, caplog
+    ):
+        class Broken:
+            def add(self, *args: object) -> None:
+                raise RuntimeError
+
+            record = add
+
+        monkeypatch.setattr(
+            _events, "_made", _events.Instruments(Broken(), Broken(), Broken())
+        )
+        caplog.set_level(logging.DEBUG, logger="poolkeeper")
+        single = process_singleton(name="events-broken-add")(Factory())
+        single()
+        single.reset()
+        failures = [
+            r
+            for r in caplog.records
+            if r.getMessage() == "Recording a poolkeeper metric failed."
+        ]
+        assert len(failures) == 2  # The build, then the close.
+
+
+def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
+    """Healing backs off (engaged), then a client outlives it (reset)."""
+    monkeypatch.setattr(_lifecycle, "BACKOFF_FIRST", 0.05)
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    name = f"events-backoff-{uuid.uuid4().hex[:8]}"
+    single = process_singleton(name=name)(Factory())
+    assert single.retire(single())  # Immediate; the backoff starts: 0.05.
+    assert not single.retire(single())  # Deferred; doubles it when done.
+    deadline = time.monotonic() + WAIT
+    while single.statistics().retirements["retire"] < 2:
+        assert time.monotonic() < deadline, "the deferral never ran"
+        time.sleep(0.01)
+    client = single()
+    time.sleep(0.15)  # Outlives its 0.1 s backoff.
+    assert single.retire(client)
+    said = [
+        (r.poolkeeper_event, r.poolkeeper_backoff_before, r.poolkeeper_backoff)
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+        and r.poolkeeper_event.startswith("backoff")
+    ]
+    assert said == [
+        ("backoff_engaged", 0.05, 0.1),
+        ("backoff_reset", 0.1, 0.05),
+    ]
+    retired = [
+        r.poolkeeper_backoff
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+        and r.poolkeeper_event == "retired"
+    ]
+    assert retired == [0.05, 0.1, 0.05]
+    levels = [
+        r.levelno
+        for r in caplog.records
+        if getattr(r, "poolkeeper_event", "").startswith("backoff")
+    ]
+    assert levels == [logging.WARNING, logging.INFO]
+    deferred = [
+        r
+        for r in caplog.records
+        if getattr(r, "poolkeeper_event", None) == "deferred"
+    ]
+    assert [r.poolkeeper_reason for r in deferred] == ["retire"]
+    assert deferred[0].levelno == logging.INFO
