@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -34,9 +35,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from poolkeeper import process_singleton
+from poolkeeper import _lifecycle, _records, process_singleton
 from poolkeeper._lifecycle import (
     DONE,
+    HEALING,
+    REASONS,
     Build,
     ClientState,
     Lifecycle,
@@ -49,6 +52,42 @@ from poolkeeper._lifecycle import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+#: The healing rules' backoff, patched (see ``fake_clock``): the spacing
+#: reaches its cap after two doublings.
+FIRST, CAP = 1.0, 4.0
+#: Healing reasons a heal() gives (check and max_age join them later).
+HEAL_REASONS = ("retire", "retire_on")
+#: How far the fake clock moves in one tick.
+TICKS = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class FakeTime:
+    """The lifecycle's clock, moved by the machine's ``tick`` rule.
+
+    Only the thread that installed it sees the fake time: a timer left by
+    another test's singleton keeps the real clock.
+    """
+
+    now = 0.0
+    owner = 0
+
+    @classmethod
+    def monotonic(cls) -> float:
+        if threading.get_ident() == cls.owner:
+            return cls.now
+        return time.monotonic()
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """The lifecycle and its records read FakeTime; the backoff is small."""
+    FakeTime.now, FakeTime.owner = 0.0, threading.get_ident()
+    monkeypatch.setattr(_lifecycle, "time", FakeTime)
+    monkeypatch.setattr(_records, "time", FakeTime)
+    monkeypatch.setattr(_lifecycle, "BACKOFF_FIRST", FIRST)
+    monkeypatch.setattr(_lifecycle, "BACKOFF_CAP", CAP)
+
 
 # Keys compare by value: -1 and -2 share a hash() in CPython.
 KEYS = ("a", "b", -1, -2)
@@ -104,6 +143,8 @@ class LifecycleRules(RuleBasedStateMachine):
     sync = False
     #: The async rules with a pushed key: each loop's hit path is armed.
     loop_hit = False
+    #: reset()'s rate limit, on the fake clock (see ``FakeTime``).
+    min_interval = 0.0
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +152,7 @@ class LifecycleRules(RuleBasedStateMachine):
         self.life: Lifecycle[Client] = Lifecycle(
             "machine",
             pushed=self.sync or self.loop_hit,
-            min_interval=0.0,
+            min_interval=self.min_interval,
             arm=self._arm,
         )
         self.slots: list[Slot] = []
@@ -141,6 +182,14 @@ class LifecycleRules(RuleBasedStateMachine):
         self.generations: list[int] = []
         self.builds = self.failures = 0
         self.tokens = 0
+        # Healing: the fake clock, the timers the driver would have armed
+        # (slot, record sequence, due), retirements by reason, every
+        # record ever live and those retired since.
+        FakeTime.now = 0.0
+        self.timers: list[tuple[Slot, int, float]] = []
+        self.retired_by: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self.lived: list[Record[Client]] = []
+        self.gone: set[int] = set()
 
     # -- helpers ------------------------------------------------------------
 
@@ -198,6 +247,7 @@ class LifecycleRules(RuleBasedStateMachine):
         assert replaced is stale
         assert slot is self.life.slots[stale.key]
         doomed: list[Record[Client]] = []
+        self.retired_by["loop_end"] += stale.live is not None
         self.life.close_slot(stale, doomed)
         assert slot is self.life.slots[stale.key]  # The new one stays.
         self.slots[index] = slot
@@ -209,6 +259,7 @@ class LifecycleRules(RuleBasedStateMachine):
         """A loop ends: its slot closes everything, leased or not."""
         slot = self.slots.pop(at % len(self.slots))
         doomed: list[Record[Client]] = []
+        self.retired_by["loop_end"] += slot.live is not None
         self.life.close_slot(slot, doomed)
         assert self.armed[-1] is None  # A loop's end disarms.
         assert slot.dropped
@@ -232,6 +283,8 @@ class LifecycleRules(RuleBasedStateMachine):
             assert record is slot.live
             assert record.matches(hash(key), key)
             assert 0 == record.client.closes
+            # Never a retired record to a new call (healed or not).
+            assert id(record) not in self.gone
         elif isinstance(step, Wait):
             assert step.ticket is slot.build
             assert not step.ticket.finished
@@ -255,8 +308,10 @@ class LifecycleRules(RuleBasedStateMachine):
             client = Client(ticket.key.value)
             self.made.append(client)
         live = ticket.slot.live
+        if live is not None and not ticket.slot.dropped:
+            self.retired_by["key"] += 1
         doomed: list[Record[Client]] = []
-        self.life.built(ticket, client, None, 0.0, doomed)
+        self.life.built(ticket, client, None, FakeTime.now, doomed)
         assert self.armed[-1] is None  # Replacing a live client disarms.
         assert ticket.finished
         assert ticket.slot.build is not ticket
@@ -270,7 +325,7 @@ class LifecycleRules(RuleBasedStateMachine):
             # The factory returned the live object: nothing is closed.
             assert [] == doomed
         again: list[Record[Client]] = []
-        self.life.built(ticket, client, None, 0.0, again)  # Idempotent.
+        self.life.built(ticket, client, None, FakeTime.now, again)
         assert [] == again
         self._close(doomed)
 
@@ -374,11 +429,179 @@ class LifecycleRules(RuleBasedStateMachine):
     @precondition(lambda self: self.slots)
     @rule(at=AT)
     def reset(self, at: int) -> None:
-        """Retire a slot's live client."""
+        """Retire a slot's live client, or defer it (min_interval)."""
         slot = self.slots[at % len(self.slots)]
+        live = slot.live
         doomed: list[Record[Client]] = []
-        self.life.reset(slot, 1.0, doomed)
+        now = FakeTime.now
+        verdict = self.life.reset(slot, now, doomed)
+        if live is None:
+            assert verdict is None
+        elif now - slot.built_at >= self.min_interval:
+            assert verdict is not None
+            assert verdict.retired
+            assert slot.live is None
+            self.retired_by["reset"] += 1
+        else:
+            # Refused for now, not dropped: the client stays live.
+            assert verdict is not None
+            assert not verdict.retired
+            assert live is slot.live
+            assert ClientState.LIVE is live.state
+            self._deferred(slot, live, verdict)
+        self._close(doomed)
+
+    # -- healing ------------------------------------------------------------
+
+    def _deferred(self, slot: Slot, live: Record[Client], verdict) -> None:
+        """A deferral: pending for *live*; a new one arms a timer."""
+        assert slot.deferred is not None
+        sequence, _, _, due = slot.deferred
+        assert live.sequence == sequence == verdict.sequence
+        assert verdict.reason == slot.deferred[1]
+        if verdict.delay is not None:
+            assert 0.0 <= verdict.delay <= max(CAP, self.min_interval)
+            assert due == FakeTime.now + verdict.delay
+            self.timers.append((slot, sequence, due))
+
+    def _spaced(self, before: float, reason: str, *, deferred: bool) -> float:
+        """The spacing after a retirement for *reason* (the backoff)."""
+        if reason not in HEALING:
+            return before
+        if deferred and before:
+            return min(before * 2, CAP)
+        return FIRST
+
+    @precondition(lambda self: self.slots)
+    @rule(at=AT)
+    def call(self, at: int) -> None:
+        """A call for the current key, its build (if any) finishing at once.
+
+        Healing needs a client built soon after the last one was retired:
+        this makes one in a step.
+        """
+        self.request(at, 0)
+        slot = self.slots[at % len(self.slots)]
+        ticket = slot.build
+        if ticket is not None and ticket in self.pending:
+            self.build(self.pending.index(ticket), reuse=False, pick=0)
+
+    @precondition(lambda self: self.slots)
+    @rule(at=AT, rounds=st.integers(1, 4), dt=st.sampled_from(TICKS))
+    def storm(self, at: int, rounds: int, dt: float) -> None:
+        """Each new client fails soon: call, heal, time passes, timers fire.
+
+        The backoff doubles towards its cap, and resets when a client
+        outlives its spacing (a long *dt*).
+        """
+        for _ in range(rounds):
+            if not self.slots:
+                return
+            self.call(at)
+            self.heal(at, stale=False, pick=0, reason="retire_on")
+            self.tick(dt)
+            while any(due <= FakeTime.now for _, _, due in self.timers):
+                self.fire(0)
+
+    @rule(dt=st.sampled_from(TICKS))
+    def tick(self, dt: float) -> None:
+        """Time passes."""
+        FakeTime.now += dt
+
+    @precondition(lambda self: self.slots)
+    @rule(
+        at=AT,
+        stale=st.booleans(),
+        pick=AT,
+        reason=st.sampled_from(HEAL_REASONS),
+    )
+    def heal(self, at: int, stale: bool, pick: int, reason: str) -> None:
+        """retire(c) or retire_on, of the live client or a stale one."""
+        slot = self.slots[at % len(self.slots)]
+        live = slot.live
+        if stale or live is None:
+            others = self.made + [o for _, o in self.life.overrides]
+            if not others:
+                return
+            client = others[pick % len(others)]
+        else:
+            client = live.client
+        now = FakeTime.now
+        before, pending = slot.spacing, slot.deferred
+        error = "BrokenError" if reason == "retire_on" else None
+        doomed: list[Record[Client]] = []
+        verdict = self.life.heal(slot, client, reason, error, now, doomed)
+        if live is None or live.client is not client:
+            # Compare-and-retire: a stale client retires nothing.
+            assert verdict is None
+            assert [] == doomed
+            assert live is slot.live
+            assert (before, pending) == (slot.spacing, slot.deferred)
+            return
+        assert verdict is not None
+        age = now - live.built_at
+        mine = (
+            pending is not None
+            and pending[0] == live.sequence
+            and pending[1] in HEALING
+        )
+        due = mine and now >= pending[3]
+        # The first healing is immediate, and so is that of a client that
+        # outlived its spacing, or whose deferral is due; else deferred.
+        if mine:
+            assert verdict.retired is due
+        else:
+            assert verdict.retired is (age >= before)
+        if verdict.retired:
+            said = pending[1] if due else reason
+            assert said == verdict.reason
+            assert slot.live is None
+            assert ClientState.LIVE is not live.state
+            assert slot.deferred is None
+            assert self._spaced(before, said, deferred=due) == slot.spacing
+            self.retired_by[said] += 1
+        else:
+            # Deferred: the client stays live and is served meanwhile.
+            assert live is slot.live
+            assert ClientState.LIVE is live.state
+            assert before == slot.spacing
+            self._deferred(slot, live, verdict)
+            if pending is None or pending[0] != live.sequence:
+                assert slot.deferred[3] == live.built_at + before
+        self._close(doomed)
+
+    @precondition(
+        lambda self: any(due <= FakeTime.now for _, _, due in self.timers)
+    )
+    @rule(at=AT)
+    def fire(self, at: int) -> None:
+        """A deferral's timer ends: carry_out, if it still applies."""
+        ready = [t for t in self.timers if t[2] <= FakeTime.now]
+        timer = ready[at % len(ready)]
+        self.timers.remove(timer)
+        slot, sequence, _ = timer
+        live, pending, before = slot.live, slot.deferred, slot.spacing
+        doomed: list[Record[Client]] = []
+        verdict = self.life.carry_out(slot, sequence, doomed)
+        applies = (
+            live is not None
+            and live.sequence == sequence
+            and pending is not None
+            and pending[0] == sequence
+        )
+        if not applies:
+            assert verdict is None
+            assert [] == doomed
+            assert live is slot.live
+            return
+        assert verdict is not None
+        assert pending is not None
+        assert verdict.retired
+        assert pending[1] == verdict.reason
         assert slot.live is None
+        assert slot.deferred is None
+        assert self._spaced(before, pending[1], deferred=True) == slot.spacing
+        self.retired_by[pending[1]] += 1
         self._close(doomed)
 
     # -- environment, overrides, shutdown, fork ----------------------------
@@ -410,6 +633,9 @@ class LifecycleRules(RuleBasedStateMachine):
     def detach(self) -> None:
         """close_all(): every live client is retired."""
         doomed: list[Record[Client]] = []
+        self.retired_by["close_all"] += sum(
+            s.live is not None for s in self.life.slots.values()
+        )
         self.life.detach(doomed)
         assert self.armed[-1] is None
         assert all(s.live is None for s in self.life.slots.values())
@@ -418,8 +644,15 @@ class LifecycleRules(RuleBasedStateMachine):
     @rule(keep=st.booleans())
     def fork(self, keep: bool) -> None:
         """In a forked child: abandon all (or keep it), close nothing."""
+        live = sum(s.live is not None for s in self.life.slots.values())
         abandoned = self.life.forget_parent(keep=keep)
         assert self.armed[-1] is None
+        # The parent's timers are not the child's; the backoff restarts.
+        self.timers.clear()
+        assert all(
+            (0.0, None) == (s.spacing, s.deferred)
+            for s in self.life.slots.values()
+        )
         assert all(ClientState.ABANDONED is r.state for r in abandoned)
         if keep:
             assert [] == abandoned
@@ -434,6 +667,8 @@ class LifecycleRules(RuleBasedStateMachine):
         self.pinned.clear()
         self.generations.clear()  # Counters are per process.
         self.closes = self.builds = self.failures = 0
+        self.retired_by = dict.fromkeys(REASONS, 0)
+        self.retired_by["fork"] = live
 
     # -- invariants -----------------------------------------------------------
 
@@ -487,6 +722,38 @@ class LifecycleRules(RuleBasedStateMachine):
         assert armed is live.client
         # After a change, nothing built for an older value is armed.
         assert live.matches(hash(self.env), self.env)
+
+    @invariant()
+    def retired_records_stay_retired(self) -> None:
+        """Note every record that stopped being live (never served again)."""
+        for slot in self.life.slots.values():
+            live = slot.live
+            if live is not None and all(r is not live for r in self.lived):
+                assert id(live) not in self.gone
+                self.lived.append(live)
+        current = {id(s.live) for s in self.life.slots.values()}
+        for record in self.lived:
+            if id(record) not in current:
+                self.gone.add(id(record))
+
+    @invariant()
+    def backoff_within_bounds(self) -> None:
+        """Spacing 0 or in [first, cap]; a deferral is the live client's."""
+        for slot in self.life.slots.values():
+            assert slot.spacing == 0.0 or FIRST <= slot.spacing <= CAP
+            stats = self.life.statistics(slot, FakeTime.now)
+            assert 0.0 <= stats.backoff <= CAP
+            if slot.deferred is not None:
+                assert slot.live is not None
+                assert slot.deferred[0] == slot.live.sequence
+                assert slot.deferred[1] == stats.deferred
+            else:
+                assert stats.deferred is None
+
+    @invariant()
+    def retirements_add_up(self) -> None:
+        """Retirements by reason: what the machine saw happen."""
+        assert self.retired_by == self.life.statistics(None).retirements
 
     @invariant()
     def count(self) -> None:
@@ -545,6 +812,12 @@ class LoopHitRules(LifecycleRules):
     loop_hit = True
 
 
+class SyncLimitedRules(SyncRules):
+    """The sync rules with min_rebuild_interval: resets are deferred too."""
+
+    min_interval = 1.5
+
+
 def _run(machine: type, examples: int, steps: int) -> None:
     """Run *machine* for *examples*; print its speed (shown with ``-s``)."""
     machine.steps = 0
@@ -583,6 +856,9 @@ _INVARIANTS = (
     "live_and_leased_clients_are_open",
     "armed_only_with_what_a_call_would_get",
     "counters_add_up",
+    "retired_records_stay_retired",
+    "backoff_within_bounds",
+    "retirements_add_up",
 )
 #: Rules and invariants without Hypothesis's wrappers (they cost more than
 #: most transitions): a program checks preconditions itself.
@@ -640,6 +916,27 @@ _OPS = (
     (
         lambda m: m.sync and m.slots[0].live is not None,
         lambda m, a, b: _RAW["retire_cut_short"](m),
+    ),
+    (lambda m: True, lambda m, a, b: _RAW["tick"](m, TICKS[a % len(TICKS)])),
+    *[
+        (
+            lambda m: bool(m.slots),
+            lambda m, a, b: _RAW["heal"](
+                m, a, b % 4 == 0, b >> 2, HEAL_REASONS[(b >> 1) & 1]
+            ),
+        ),
+        (lambda m: bool(m.slots), lambda m, a, b: _RAW["call"](m, a)),
+        (
+            lambda m: bool(m.slots),
+            lambda m, a, b: _RAW["storm"](
+                m, a, 1 + b % 4, TICKS[(b >> 2) % len(TICKS)]
+            ),
+        ),
+    ]
+    * 2,
+    (
+        lambda m: any(due <= FakeTime.now for _, _, due in m.timers),
+        lambda m, a, b: _RAW["fire"](m, a),
     ),
 )
 
@@ -700,16 +997,25 @@ class TestLifecycleMachines:
 
     @pytest.mark.parametrize(
         ("machine", "default"),
-        [(SyncRules, 50), (LifecycleRules, 100), (LoopHitRules, 100)],
-        ids=["sync", "async", "async armed"],
+        [
+            (SyncRules, 50),
+            (LifecycleRules, 100),
+            (LoopHitRules, 100),
+            (SyncLimitedRules, 50),
+        ],
+        ids=["sync", "async", "async armed", "sync limited"],
     )
+    @pytest.mark.usefixtures("fake_clock")
     def test_rules_hold(self, machine, default):
         """No sequence of transitions breaks the lifecycle's invariants."""
         _run(machine, _examples(default), 50)
 
     @pytest.mark.parametrize(
-        "machine", [SyncRules, LifecycleRules], ids=["sync", "async"]
+        "machine",
+        [SyncRules, LifecycleRules, SyncLimitedRules],
+        ids=["sync", "async", "sync limited"],
     )
+    @pytest.mark.usefixtures("fake_clock")
     def test_rules_hold_for_programs(self, machine):
         """The same rules and invariants, fed thousands of byte programs."""
         _run_programs(machine, _examples(100) * 20)
