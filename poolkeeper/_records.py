@@ -237,6 +237,7 @@ class Slot:
         "key",
         "live",
         "loop",
+        "probe",
         "retired",
         "spacing",
     )
@@ -259,6 +260,9 @@ class Slot:
         # sequence, reason, error type name, monotonic time due).
         self.spacing = 0.0
         self.deferred: tuple[int, str, str | None, float] | None = None
+        # The health probe (*check*) of the live client: (its record's
+        # sequence, "due" or "probing"), None between probes.
+        self.probe: tuple[int, str] | None = None
 
 
 class Verdict:
@@ -291,6 +295,19 @@ class Verdict:
 
 class Serve:
     """Decision: return this record's client."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record[Any]) -> None:
+        self.record = record
+
+
+class Probe:
+    """Decision: probe this record's client (*check*), then report.
+
+    The record is held for the probe as a lease holds it: not closed
+    until ``Lifecycle.probed`` releases it.
+    """
 
     __slots__ = ("record",)
 
@@ -374,8 +391,9 @@ class Statistics:
         deferred: The reason of a retirement of the live client that
             waits for the backoff (or *min_rebuild_interval*, for
             ``reset()``) to end, ``None`` when none waits.
-        probes: Health probes run (``check``; 0 until it exists).
-        probe_failures: Health probes that failed.
+        probes: Health probes (*check*) run to an answer.
+        probe_failures: Health probes that answered false or raised an
+            ``Exception``.
 
     .. versionadded:: 0.1
     """
