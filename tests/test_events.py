@@ -25,7 +25,11 @@ import uuid
 
 import pytest
 
+# The dev group's otel: the SDK, its Prometheus exporter and the Prometheus
+# client; a venv without them (the CI matrix's) skips these tests.
 pytest.importorskip("opentelemetry.sdk", reason="the dev group's otel")
+pytest.importorskip("opentelemetry.exporter.prometheus", reason="otel group")
+pytest.importorskip("prometheus_client", reason="the dev group's otel")
 
 from helpers import WAIT, Factory, FakeClient
 from opentelemetry import metrics
