@@ -23,10 +23,12 @@ from poolkeeper import _loops
 from poolkeeper._builds import (
     BuildRun,
     aended,
+    armed_timers,
     building,
     error_name,
     log,
     monotonic,
+    probe,
     read_key,
     report,
     settle,
@@ -44,6 +46,7 @@ from poolkeeper._lifecycle import (
     MAX_ROUNDS,
     Build,
     Lifecycle,
+    Probe,
     Serve,
     Wait,
     constant,
@@ -81,6 +84,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     _self_life: Lifecycle[T]
     _self_closer: Closer
     _self_retire_on: Callable[[BaseException], bool] | None
+    _self_check: Callable[[Any], object] | None
     # (epoch, slot, sequence): the slot's record built *sequence*-th
     # matched the key read at *epoch* (see _get).
     _self_seen: tuple[int, Slot | None, int]
@@ -123,6 +127,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             if (
                 live is not None
                 and live.sequence == sequence
+                and slot.probe is None
                 and slot.loop() is loop
                 and _loops.kept(type(self), loop)
             ):
@@ -172,6 +177,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         if (
             live is not None
             and not life.pushed
+            and slot.probe is None
             and live.matches(key_hash, value)
         ):
             return live
@@ -207,6 +213,14 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                         if life.pushed:  # Only a pushed key's is reused.
                             seen = (epoch, record.slot, record.sequence)
                             self._self_seen = seen
+                        return record
+                    case Probe(record=record):
+                        # As in the sync driver: this task probes.
+                        check = self._self_check
+                        if check is not None and probe(
+                            life, self._self_closer, record, check
+                        ):
+                            continue
                         return record
                     case Build(ticket=ticket):
                         await self._build(ticket, loop)
@@ -248,6 +262,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                     await self._close(run.doomed)
                 finally:
                     report(self._self_name, run, is_async=True)
+        if ticket.record is not None:  # pragma: no branch -- injected.
+            armed_timers(self._self_life, self._self_closer, ticket.record)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         closer = self._self_closer

@@ -56,6 +56,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import random
 import sys
 import threading
 import time
@@ -405,6 +406,106 @@ def carry_out(
         )
     if verdict is not None:
         say(life.name, verdict)
+
+
+# -- ageing and probing ------------------------------------------------
+#
+# max_age and check arm timers of the same kind (daemon, TIMER_NAME,
+# holding the lifecycle, its closer and the slot), never a clock read on
+# the hit path: at each build (armed), the record's max_age timer, whose
+# end retires it (expire), and its check timer, whose end marks its probe
+# due (due), which disarms the hit path until a call probes it (probe).
+
+#: max_age's deadline is spread by up to this fraction, at random: a
+#: client lives max_age * (1 + uniform(0, MAX_AGE_JITTER)) seconds.
+MAX_AGE_JITTER: Final = 0.1
+
+#: check_every's default, in seconds, when *check* is given without it.
+CHECK_EVERY: Final = 30.0
+
+
+def _timer(delay: float, fn: Callable[..., object], *args: object) -> None:
+    timer = threading.Timer(max(delay, 0.0), fn, args)
+    timer.daemon = True
+    timer.name = TIMER_NAME
+    timer.start()
+
+
+def age_limit(max_age: float) -> float:
+    """*max_age* with its jitter: the life of one client, in seconds."""
+    return max_age * (1.0 + random.uniform(0.0, MAX_AGE_JITTER))  # noqa: S311
+
+
+def armed_timers(
+    life: Lifecycle[Any], closer: Closer, record: Record[Any]
+) -> None:
+    """After a build made *record* live: arm its max_age and check timers."""
+    slot, sequence = record.slot, record.sequence
+    if life.max_age is not None:
+        _timer(age_limit(life.max_age), expire, life, closer, slot, sequence)
+    if life.check_every is not None:
+        _timer(life.check_every, life.due, slot, sequence)
+
+
+def expire(
+    life: Lifecycle[Any], closer: Closer, slot: Slot, sequence: int
+) -> None:
+    """A max_age timer's end: retire record *sequence* if still live."""
+    doomed: list[Record[Any]] = []
+    try:
+        verdict = life.expire(slot, sequence, monotonic(), doomed)
+    finally:
+        run_each(
+            (
+                *(functools.partial(close_soon, closer, r) for r in doomed),
+                functools.partial(loosen, life),
+            )
+        )
+    settle(life, closer, slot, verdict)
+
+
+def probe(
+    life: Lifecycle[Any],
+    closer: Closer,
+    record: Record[Any],
+    check: Callable[[Any], object],
+) -> bool:
+    """Run *check* on *record*'s client, held for it; report; settle.
+
+    No lock is held while the probe runs. A probe that raises an
+    ``Exception`` failed; any other exception (``KeyboardInterrupt``)
+    propagates once the probe is reported as cut short (due again).
+    Returns whether the client was retired now.
+    """
+    slot = record.slot
+    ok: bool | None = None
+    error: BaseException | None = None
+    doomed: list[Record[Any]] = []
+    verdict: Verdict | None = None
+    again = False
+    try:
+        try:
+            ok = bool(check(record.client))
+        except Exception as err:  # noqa: BLE001 -- a failed probe.
+            ok, error = False, err
+    finally:
+        try:
+            verdict, again = life.probed(
+                slot, record, ok, error_name(error), monotonic(), doomed
+            )
+        finally:
+            run_each(
+                (
+                    *(
+                        functools.partial(close_soon, closer, r)
+                        for r in doomed
+                    ),
+                    functools.partial(loosen, life),
+                )
+            )
+    if again and life.check_every is not None:
+        _timer(life.check_every, life.due, slot, record.sequence)
+    return settle(life, closer, slot, verdict)
 
 
 def say(name: str, verdict: Verdict) -> None:

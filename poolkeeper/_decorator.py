@@ -33,7 +33,7 @@ from typing import (
 
 from poolkeeper import _loops, _registry, keys
 from poolkeeper._async import AsyncProcessSingleton
-from poolkeeper._builds import matcher
+from poolkeeper._builds import CHECK_EVERY, matcher
 from poolkeeper._close import Closer
 from poolkeeper._filekeys import FileKey
 from poolkeeper._lease import lease_class
@@ -49,9 +49,12 @@ S = TypeVar("S", ProcessSingleton[Any], AsyncProcessSingleton[Any])
 
 _OPTIONS = (
     "after_fork",
+    "check",
+    "check_every",
     "close",
     "fork",
     "key",
+    "max_age",
     "min_rebuild_interval",
     "name",
     "retire_on",
@@ -128,6 +131,9 @@ def process_singleton(
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
     name: str | None = None,
+    max_age: float | None = None,
+    check: Callable[[Any], object] | None = None,
+    check_every: float | None = None,
 ) -> _Decorator: ...
 
 
@@ -143,6 +149,9 @@ def process_singleton(
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
     name: str | None = None,
+    max_age: float | None = None,
+    check: Callable[[Any], object] | None = None,
+    check_every: float | None = None,
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -158,6 +167,9 @@ def process_singleton(
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
     name: str | None = None,
+    max_age: float | None = None,
+    check: Callable[[Any], object] | None = None,
+    check_every: float | None = None,
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -172,6 +184,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     min_rebuild_interval: float = 0.0,
     retire_on: RetireOn = None,
     name: str | None = None,
+    max_age: float | None = None,
+    check: Callable[[Any], object] | None = None,
+    check_every: float | None = None,
     **unknown: object,
 ) -> (
     ProcessSingleton[Any]
@@ -221,6 +236,27 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             ``poolkeeper_singleton`` log field, the ``poolkeeper.singleton``
             metric attribute) and in errors. Default: the factory's
             ``__qualname__``.
+        max_age: Seconds a client lives (a positive number; None, the
+            default: for ever). Each client's deadline is spread by a
+            random jitter of up to 10 % (it lives between *max_age* and
+            1.1 x *max_age* seconds), so that a fleet of workers does not
+            rebuild in the same second; a timer armed at its build then
+            retires it (reason ``"max_age"``, a healing retirement: the
+            backoff applies), and the next call builds a new one. The hit
+            path reads no clock. A lease holding the old client keeps it
+            until it exits; then it is closed.
+        check: A health probe ``client -> bool``: false, or raising an
+            ``Exception``, means the client is broken, and it is retired
+            (reason ``"check"``, a healing retirement). It runs at most
+            once per *check_every* seconds per client, with no lock held,
+            by the first call or lease that finds it due; other callers
+            are served the current client meanwhile. Counted in
+            ``statistics().probes`` and ``probe_failures``. For async
+            singletons too it is a plain function (``lambda c:
+            not c.closed``), run on the loop: keep it quick.
+        check_every: Seconds between probes of a client (a positive
+            number); default 30 when *check* is given. An error without
+            *check*.
         **unknown: Rejected with a clear error; every option is named.
 
     Type checkers check both hooks against the factory's client type: a
@@ -237,8 +273,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             if an option is unknown, a hook is not callable, or
             *retire_on* is neither exception types nor a predicate, or
             *name* is not a string.
-        ValueError: If *fork* or *min_rebuild_interval* is out of range,
-            or *name* is empty.
+        ValueError: If *fork*, *min_rebuild_interval*, *max_age* or
+            *check_every* is out of range, *check_every* is given without
+            *check*, or *name* is empty.
 
     .. versionadded:: 0.1
     """
@@ -262,6 +299,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         made = make_async if validate_factory(factory) else make
         validate_retire_on(_name(factory), retire_on)
         validate_name(_name(factory), name)
+        every = validate_healing(_name(factory), max_age, check, check_every)
         return made(
             factory,
             key=combined_key,
@@ -271,6 +309,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             min_rebuild_interval=float(min_rebuild_interval),
             retire_on=retire_on,
             name=name,
+            max_age=None if max_age is None else float(max_age),
+            check=check,
+            check_every=every,
         )
 
     if factory is None:
@@ -328,6 +369,51 @@ def validate_name(factory: str, name: object) -> None:
             "string; leave it out to use the factory's qualified name."
         )
         raise ValueError(msg)
+
+
+def _seconds(name: str, option: str, value: object) -> float | None:
+    """*value* as positive seconds, None for None; else a clear error."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value < float("inf")
+    ):
+        msg = (
+            f"process_singleton({option}=...) for {name} must be a "
+            f"positive number of seconds (or None), got {value!r}."
+        )
+        raise ValueError(msg)
+    return float(value)
+
+
+def validate_healing(
+    name: str, max_age: object, check: object, check_every: object
+) -> float | None:
+    """Validate *max_age*, *check* and *check_every*; return check_every.
+
+    *check_every* defaults to ``CHECK_EVERY`` seconds with *check*.
+    """
+    _seconds(name, "max_age", max_age)
+    every = _seconds(name, "check_every", check_every)
+    if check is None:
+        if every is not None:
+            msg = (
+                f"process_singleton(check_every=...) for {name} needs a "
+                "check: pass check=<a function client -> bool> too, or "
+                "drop check_every."
+            )
+            raise ValueError(msg)
+        return None
+    if not callable(check):
+        msg = (
+            f"process_singleton(check=...) for {name} must be a callable "
+            f"taking the client and returning a bool, got "
+            f"{type(check).__name__}."
+        )
+        raise TypeError(msg)
+    return CHECK_EVERY if every is None else every
 
 
 def validate_retire_on(name: str, retire_on: object) -> None:
@@ -480,6 +566,9 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     min_rebuild_interval: float,
     retire_on: object = None,
     name: str | None = None,
+    max_age: float | None = None,
+    check: Callable[[Any], object] | None = None,
+    check_every: float | None = None,
 ) -> ProcessSingleton[T]:
     """Return a new thread singleton for *factory*."""
     single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
@@ -501,6 +590,8 @@ def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
     closer = Closer(life, close, is_async=False)
     _wire(single, name, key, life, closer)
     single._self_retire_on = matcher(name, retire_on)
+    single._self_check = check
+    life.max_age, life.check_every = max_age, check_every
     # Making a lease runs no Python code: lease() is replaced by this
     # singleton's own lease class.
     heals = retire_on is not None
@@ -521,6 +612,9 @@ def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
     min_rebuild_interval: float,
     retire_on: object = None,
     name: str | None = None,
+    max_age: float | None = None,
+    check: Callable[[Any], object] | None = None,
+    check_every: float | None = None,
 ) -> AsyncProcessSingleton[T]:
     """Return a new per-loop singleton for the ``async def`` *factory*."""
     single: AsyncProcessSingleton[T] = _own(AsyncProcessSingleton, factory)
@@ -537,6 +631,8 @@ def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
     closer = Closer(life, close, is_async=True)
     _wire(single, name, key, life, closer)
     single._self_retire_on = matcher(name, retire_on)
+    single._self_check = check
+    life.max_age, life.check_every = max_age, check_every
     entry = _registry.Entry(
         life,
         closer,

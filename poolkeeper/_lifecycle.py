@@ -54,6 +54,17 @@ healing retirement is immediate again, and the next spacing is
 :data:`BACKOFF_FIRST`. A ``reset()`` inside *min_rebuild_interval* is
 deferred the same way, until the interval ends. Retirements are counted
 by reason (:data:`REASONS`).
+
+Ageing and probing (``expire``, ``due``, ``probed``): with *max_age*, the
+driver arms a timer at each build; at its end ``expire`` retires that
+client if it is still live, for reason "max_age", as a healing
+retirement (the backoff applies). With *check*, a timer marks the live
+client's probe due (``due``), which disarms the hit path; the first
+``request`` that finds it due answers :class:`Probe` (one prober: the
+probe is then "probing", and other calls are served), holding the record
+as a lease does, so that it is not closed under the probe. ``probed``
+releases it, counts the probe and retires a client that failed it, for
+reason "check"; a probe cut short by a ``BaseException`` is due again.
 """
 
 from __future__ import annotations
@@ -86,6 +97,7 @@ from poolkeeper._records import (
     ClientState,
     Ended,
     Holder,
+    Probe,
     Record,
     Serve,
     Slot,
@@ -114,6 +126,7 @@ __all__ = [
     "Ended",
     "Holder",
     "Lifecycle",
+    "Probe",
     "Record",
     "Serve",
     "Slot",
@@ -268,6 +281,9 @@ class Lifecycle(Generic[T]):
         self.fork_errors: list[BaseException] = []
         # Closes decided but not started (see I5).
         self.owed: tuple[Record[Any], ...] = ()
+        # Ageing and probing (set by the decorator): seconds, or None.
+        self.max_age: float | None = None
+        self.check_every: float | None = None
         self._zero()
 
     # The switch is a class attribute store (a stop-the-world update on
@@ -310,6 +326,8 @@ class Lifecycle(Generic[T]):
         self.closes = 0
         self.close_failures = 0
         self.resets_refused = 0
+        self.probes = 0
+        self.probe_failures = 0
         self.retirements: dict[str, int] = dict.fromkeys(REASONS, 0)
 
     def _counted(self, reason: str, n: int = 1) -> dict[str, int]:
@@ -397,6 +415,8 @@ class Lifecycle(Generic[T]):
             retirements=dict(self.retirements),
             backoff=backoff,
             deferred=deferred,
+            probes=self.probes,
+            probe_failures=self.probe_failures,
         )
 
     # -- requests and builds -------------------------------------------------
@@ -429,7 +449,7 @@ class Lifecycle(Generic[T]):
         epoch: int,
         owner: object,
         new_done: Callable[[], object],
-    ) -> Serve | Wait | Build | None:
+    ) -> Serve | Probe | Wait | Build | None:
         """Decide what a call for *key*, read at *epoch*, does next.
 
         The caller compared *key* with the slot's live record, *compared*,
@@ -441,6 +461,19 @@ class Lifecycle(Generic[T]):
         if live is not compared:
             return None
         if live is not None and matched:
+            probe = slot.probe
+            if (
+                probe is not None
+                and probe[1] == "due"
+                and probe[0] == live.sequence
+                and live.state is ClientState.LIVE
+            ):
+                # This call probes; the record is held for it.
+                stores(
+                    (live, "leases", live.leases + 1),
+                    (slot, "probe", (live.sequence, "probing")),
+                )
+                return Probe(live)
             # Arm only if no subscribed variable changed since the key was
             # read; _arm checks again once it has stored armed.
             if epoch == self.epoch and not self.overrides:
@@ -505,6 +538,7 @@ class Lifecycle(Generic[T]):
             (self, "retirements", counts),
             (slot, "deferred", None),
             (slot, "cause", None),
+            (slot, "probe", None),
             (ticket, "record", new),
             (ticket, "finished", True),
             (self, "owed", owed),
@@ -802,6 +836,101 @@ class Lifecycle(Generic[T]):
             slot, live, reason, error, doomed, deferred=True
         )
 
+    @locked
+    def expire(
+        self, slot: Slot, sequence: int, now: float, doomed: list[Record[T]]
+    ) -> Verdict | None:
+        """Retire record *sequence* for its age, if it is still live.
+
+        The end of its *max_age* timer: a healing retirement (reason
+        "max_age"), deferred by the backoff as ``heal`` defers; None when
+        the client was retired or replaced meanwhile.
+        """
+        live = slot.live
+        if live is None or live.sequence != sequence:
+            return None
+        return self.heal(slot, live.client, "max_age", None, now, doomed)
+
+    @locked
+    def due(self, slot: Slot, sequence: int) -> bool:
+        """Mark record *sequence*'s probe due; False if it is not live.
+
+        The end of its *check_every* timer. Disarms the hit path first,
+        so that the next call asks ``request``, which hands out the probe.
+        """
+        live = slot.live
+        if (
+            live is None
+            or live.sequence != sequence
+            or live.state is not ClientState.LIVE
+        ):
+            return False
+        probe = slot.probe
+        if probe is not None and probe[0] == sequence:
+            return True  # Already due, or being probed.
+        self._disarm()
+        stores(
+            (slot, "probe", (sequence, "due")),
+        )
+        return True
+
+    @locked
+    def probed(  # noqa: PLR0913, PLR0917 -- what a probe knows.
+        self,
+        slot: Slot,
+        record: Record[T],
+        ok: bool | None,  # noqa: FBT001 -- the probe's answer.
+        error: str | None,
+        now: float,
+        doomed: list[Record[T]],
+    ) -> tuple[Verdict | None, bool]:
+        """Report the probe of *record*: *ok*, failed, or None (cut short).
+
+        Releases the record held for the probe (doomed if it was retired
+        meanwhile and this was its last holder), counts the probe, and
+        retires a live client that failed it (reason "check", healing).
+        A probe cut short (None) is due again, for the next call. Returns
+        the retirement's verdict and whether to arm the next probe.
+        Idempotent for a probe already reported.
+        """
+        probe = slot.probe
+        if probe != (record.sequence, "probing"):
+            return None, False
+        if ok is None:
+            # Due again, for the next call: the hit path stays disarmed.
+            self._disarm()
+        state = (record.sequence, "due") if ok is None else None
+        probes = self.probes + (ok is not None)
+        failures = self.probe_failures + (ok is False)
+        leases = record.leases - 1
+        if leases or record.pins or record.state is not ClientState.RETIRED:
+            stores(
+                (record, "leases", leases),
+                (slot, "probe", state),
+                (self, "probes", probes),
+                (self, "probe_failures", failures),
+            )
+        else:
+            retired, close = self._last_lease(record)
+            out = [] if close is None else [close]
+            owed = (*self.owed, *out)
+            stores(
+                (record, "leases", 0),
+                (record, "state", ClientState.CLOSED),
+                (slot, "retired", retired),
+                (slot, "probe", state),
+                (self, "owed", owed),
+                (self, "probes", probes),
+                (self, "probe_failures", failures),
+                items=((doomed, ALL, out),),
+            )
+        if ok is not False:
+            live = slot.live is record and ok is True
+            return None, live and record.state is ClientState.LIVE
+        return self.heal(
+            slot, record.client, "check", error, now, doomed
+        ), False
+
     def _defer(
         self,
         slot: Slot,
@@ -1074,6 +1203,7 @@ class Lifecycle(Generic[T]):
         # is dropped with them, and the backoff starts afresh.
         for slot in self.slots.values():
             slot.build, slot.deferred, slot.spacing = None, None, 0.0
+            slot.probe = None  # Nor its probes (a child arms none).
         if keep:
             self.pid = os.getpid()
             return []

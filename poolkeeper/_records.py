@@ -238,6 +238,7 @@ class Slot:
         "key",
         "live",
         "loop",
+        "probe",
         "retired",
         "spacing",
     )
@@ -263,6 +264,9 @@ class Slot:
         # Why the slot has no live client: the last retirement's reason
         # (None after a build), the reason its next build reports.
         self.cause: str | None = None
+        # The health probe (*check*) of the live client: (its record's
+        # sequence, "due" or "probing"), None between probes.
+        self.probe: tuple[int, str] | None = None
 
 
 class Verdict:
@@ -312,6 +316,19 @@ class Verdict:
 
 class Serve:
     """Decision: return this record's client."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record[Any]) -> None:
+        self.record = record
+
+
+class Probe:
+    """Decision: probe this record's client (*check*), then report.
+
+    The record is held for the probe as a lease holds it: not closed
+    until ``Lifecycle.probed`` releases it.
+    """
 
     __slots__ = ("record",)
 
@@ -395,8 +412,9 @@ class Statistics:
         deferred: The reason of a retirement of the live client that
             waits for the backoff (or *min_rebuild_interval*, for
             ``reset()``) to end, ``None`` when none waits.
-        probes: Health probes run (``check``; 0 until it exists).
-        probe_failures: Health probes that failed.
+        probes: Health probes (*check*) run to an answer.
+        probe_failures: Health probes that answered false or raised an
+            ``Exception``.
 
     .. versionadded:: 0.1
     """

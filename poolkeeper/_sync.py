@@ -20,11 +20,13 @@ import wrapt
 from poolkeeper._builds import (
     NOTHING,
     BuildRun,
+    armed_timers,
     building,
     ended,
     error_name,
     log,
     monotonic,
+    probe,
     read_key,
     refuse_coroutine,
     report,
@@ -44,6 +46,7 @@ from poolkeeper._lifecycle import (
     Build,
     ClientState,
     Lifecycle,
+    Probe,
     Serve,
     Wait,
     constant,
@@ -171,6 +174,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_slot: Slot
     _self_closer: Closer
     _self_retire_on: Callable[[BaseException], bool] | None
+    _self_check: Callable[[Any], object] | None
 
     # The hit path. Each singleton has its own subclass (see _decorator), and
     # while a client is live and its key cannot have changed, that class's
@@ -242,6 +246,15 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                         continue
                     case Serve(record=record):
                         return record
+                    case Probe(record=record):
+                        # This call probes (check); the others are served
+                        # meanwhile. Failed: ask again for a new client.
+                        check = self._self_check
+                        if check is not None and probe(
+                            life, self._self_closer, record, check
+                        ):
+                            continue
+                        return record
                     case Build(ticket=ticket):
                         self._build(ticket)
                         if ticket.record:
@@ -292,6 +305,8 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                     self._close(run.doomed)
                 finally:
                     report(self._self_name, run, is_async=False)
+        if ticket.record is not None:  # pragma: no branch -- injected.
+            armed_timers(self._self_life, self._self_closer, ticket.record)
 
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before

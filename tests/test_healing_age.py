@@ -1,0 +1,303 @@
+"""Healing by age and by probe (issue 21): max_age, check, check_every.
+
+Real threads and event loops; the timers are poolkeeper's own
+(``poolkeeper-retire`` daemon threads). Every wait is bounded; timing
+bounds leave room for a busy machine but fail a missing or early timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from helpers import WAIT, Factory, FakeClient, wait_until
+from test_hit_frames import frames_of
+
+from poolkeeper import _builds, _lifecycle, process_singleton
+
+#: Slack for a busy machine (2 cores shared with other agents).
+SLACK = 1.0
+
+
+@pytest.fixture(name="spacing")
+def _spacing(monkeypatch):
+    """A small backoff: 0.2 s doubling to 0.8 s."""
+    monkeypatch.setattr(_lifecycle, "BACKOFF_FIRST", 0.2)
+    monkeypatch.setattr(_lifecycle, "BACKOFF_CAP", 0.8)
+    return 0.2
+
+
+class HttpxLike:
+    """A client with httpx's ``is_closed``: user code may close it."""
+
+    def __init__(self) -> None:
+        self.is_closed = False
+        self.closes = 0
+
+    def close(self) -> None:
+        self.is_closed = True
+        self.closes += 1
+
+
+def _replaced(single, old, timeout: float = WAIT) -> float | None:
+    """Call *single* until it serves another client than *old*; when."""
+    start = time.monotonic()
+    if wait_until(lambda: single() is not old, timeout):
+        return time.monotonic() - start
+    return None
+
+
+class TestMaxAge:
+    def test_replaced_after_max_age_within_jitter(self, spacing):
+        factory = Factory()
+        single = process_singleton(max_age=0.3)(factory)
+        start = time.monotonic()
+        old = single()
+        assert single() is old
+        assert wait_until(lambda: single() is not old)
+        elapsed = time.monotonic() - start
+        # Not before max_age, nor long after max_age plus its 10 % jitter.
+        assert 0.3 <= elapsed <= 0.33 + SLACK
+        assert wait_until(lambda: old.closed)
+        assert [old.pid] == old.closes
+        stats = single.statistics()
+        assert 1 == stats.retirements["max_age"]
+        assert 2 == stats.builds
+
+    def test_jitter_spreads_deadlines_up_to_ten_percent(self):
+        limits = [_builds.age_limit(100.0) for _ in range(2000)]
+        assert all(100.0 <= x <= 110.0 for x in limits)
+        assert max(limits) - min(limits) > 5.0
+
+    def test_a_lease_keeps_the_old_client_until_it_exits(self, spacing):
+        factory = Factory()
+        single = process_singleton(max_age=0.3)(factory)
+        with single.lease() as held:
+            assert _replaced(single, held) is not None
+            assert not held.closed
+            assert 1 == single.statistics().pending_close
+        assert held.closed
+        assert 0 == single.statistics().pending_close
+
+    def test_hit_path_stays_armed_before_the_deadline(self):
+        factory = Factory()
+        single = process_singleton(max_age=60.0)(factory)
+        client = single()
+        single()  # The first hit after a build arms the hit path.
+        result: list[object] = []
+        assert ["<lambda>"] == frames_of(lambda: result.append(single()))
+        assert [client] == result
+
+    def test_max_age_below_the_backoff_is_deferred_by_it(self, spacing):
+        # The second client's max_age (0.05 s) falls inside the backoff
+        # (0.2 s) its predecessor's healing retirement started: deferred.
+        factory = Factory()
+        single = process_singleton(max_age=0.05)(factory)
+        first = single()
+        assert _replaced(single, first) is not None
+        second = single()
+        start = time.monotonic()
+        assert _replaced(single, second) is not None
+        assert time.monotonic() - start >= 0.2 - 0.06
+        assert 2 <= single.statistics().retirements["max_age"]
+
+    def test_async_replaced_and_closed_on_its_loop(self, spacing):
+        factory = Factory()
+        loops: list[object] = []
+
+        async def make() -> FakeClient:
+            return factory()
+
+        def close(client: FakeClient) -> None:
+            loops.append(asyncio.get_running_loop())
+            client.close()
+
+        single = process_singleton(max_age=0.3, close=close)(make)
+
+        async def main() -> float:
+            start = time.monotonic()
+            old = await single()
+            for _ in range(int(WAIT / 0.01)):
+                if await single() is not old:
+                    break
+                await asyncio.sleep(0.01)
+            elapsed = time.monotonic() - start
+            for _ in range(int(WAIT / 0.01)):
+                if old.closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert old.closed
+            assert [asyncio.get_running_loop()] == loops
+            return elapsed
+
+        elapsed = asyncio.run(main())
+        assert 0.3 <= elapsed <= 0.33 + SLACK
+        assert 1 == single.statistics().retirements["max_age"]
+
+
+class TestCheck:
+    def test_closed_client_replaced_within_one_check_every(self, spacing):
+        single = process_singleton(
+            check=lambda c: not c.is_closed, check_every=0.2
+        )(HttpxLike)
+        old = single()
+        # Passing probes re-arm the next one: two pass before the close.
+        assert wait_until(lambda: single() and single.statistics().probes >= 2)
+        assert 0 == single.statistics().probe_failures
+        old.close()
+        elapsed = _replaced(single, old)
+        assert elapsed is not None
+        assert elapsed <= 0.2 + SLACK
+        stats = single.statistics()
+        assert 1 == stats.probe_failures
+        assert 1 == stats.retirements["check"]
+        assert not single().is_closed
+        assert 2 == old.closes  # The user's close, then the retirement's.
+
+    def test_hit_path_stays_armed_between_probes(self):
+        single = process_singleton(check=lambda c: True, check_every=60)(
+            Factory()
+        )
+        client = single()
+        single()
+        result: list[object] = []
+        assert ["<lambda>"] == frames_of(lambda: result.append(single()))
+        assert [client] == result
+        assert 0 == single.statistics().probes
+
+    def test_a_probe_that_raises_retires(self, spacing):
+        def check(client: FakeClient) -> bool:
+            raise ConnectionError
+
+        single = process_singleton(check=check, check_every=0.1)(Factory())
+        old = single()
+        assert _replaced(single, old) is not None
+        assert wait_until(lambda: old.closed)
+        stats = single.statistics()
+        assert stats.probe_failures >= 1
+        assert stats.retirements["check"] >= 1
+
+    def test_a_lease_finds_the_probe_due(self, spacing):
+        single = process_singleton(
+            check=lambda c: not c.closed, check_every=0.1
+        )(Factory())
+        old = single()
+        old.close()
+
+        def leased() -> object:
+            with single.lease() as client:
+                return client
+
+        assert wait_until(lambda: leased() is not old)
+        assert 1 == single.statistics().retirements["check"]
+
+    def test_keyboard_interrupt_in_a_probe_propagates_settled(self):
+        raised = [KeyboardInterrupt()]
+
+        def check(client: FakeClient) -> bool:
+            if raised:
+                raise raised.pop()
+            return True
+
+        single = process_singleton(check=check, check_every=0.1)(Factory())
+        client = single()
+        slot = single._self_slot
+        assert wait_until(lambda: slot.probe is not None)
+        with pytest.raises(KeyboardInterrupt):
+            single()
+        # Due again, not stuck probing; the client was not retired.
+        assert (client, "due") == (slot.live.client, slot.probe[1])
+        assert 0 == slot.live.leases
+        assert single() is client
+        stats = single.statistics()
+        assert (1, 0) == (stats.probes, stats.probe_failures)
+
+    def test_one_prober_while_sixteen_threads_call(self):
+        gate = threading.Event()
+        entered = threading.Event()
+        probes: list[int] = []
+
+        def check(client: FakeClient) -> bool:
+            probes.append(threading.get_ident())
+            entered.set()
+            assert gate.wait(WAIT)
+            return True
+
+        single = process_singleton(check=check, check_every=0.1)(Factory())
+        client = single()
+        slot = single._self_slot
+        assert wait_until(lambda: slot.probe is not None)
+        barrier = threading.Barrier(16)
+        results: list[object] = []
+
+        def call() -> None:
+            barrier.wait(WAIT)
+            for _ in range(20):
+                results.append(single())  # noqa: PERF401 -- seen one by one.
+
+        threads = [threading.Thread(target=call) for _ in range(16)]
+        for t in threads:
+            t.start()
+        try:
+            assert entered.wait(WAIT)
+            # All but the prober are served the current client meanwhile.
+            assert wait_until(lambda: len(results) >= 15 * 20)
+            assert 1 == len(probes)
+            assert all(r is client for r in results)
+        finally:
+            gate.set()
+            for t in threads:
+                t.join(WAIT)
+        assert not any(t.is_alive() for t in threads)
+        assert 16 * 20 == len(results)
+        assert all(r is client for r in results)
+        assert 1 == single.statistics().probes
+        assert 0 == single.statistics().probe_failures
+
+    def test_async_closed_client_replaced(self, spacing):
+        async def make() -> HttpxLike:
+            return HttpxLike()
+
+        single = process_singleton(
+            check=lambda c: not c.is_closed, check_every=0.1
+        )(make)
+
+        async def main() -> None:
+            old = await single()
+            old.close()
+            for _ in range(int(WAIT / 0.01)):
+                if await single() is not old:
+                    break
+                await asyncio.sleep(0.01)
+            assert await single() is not old
+
+        asyncio.run(main())
+        stats = single.statistics()
+        assert 1 == stats.retirements["check"]
+        assert 1 == stats.probe_failures
+
+
+class TestValidation:
+    @pytest.mark.parametrize("value", [0, -1, float("nan"), "5", True])
+    def test_max_age_must_be_positive_seconds(self, value):
+        with pytest.raises(ValueError, match=r"max_age=.*for Factory"):
+            process_singleton(max_age=value)(Factory())
+
+    @pytest.mark.parametrize("value", [0, -0.5, float("inf"), "5"])
+    def test_check_every_must_be_positive_seconds(self, value):
+        with pytest.raises(ValueError, match=r"check_every=.*for Factory"):
+            process_singleton(check=bool, check_every=value)(Factory())
+
+    def test_check_every_needs_check(self):
+        with pytest.raises(ValueError, match="needs a check"):
+            process_singleton(check_every=5)(Factory())
+
+    def test_check_must_be_callable(self):
+        with pytest.raises(TypeError, match=r"check=.*for Factory"):
+            process_singleton(check=5)(Factory())  # type: ignore[arg-type]
+
+    def test_check_every_defaults_to_thirty_seconds(self):
+        single = process_singleton(check=bool)(Factory())
+        assert 30.0 == single._self_life.check_every
