@@ -235,7 +235,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                         if error is not None:
                             raise error  # noqa: TRY301 -- the build's, as is.
                 epoch, key_hash, value = read_key(life, key, name)
-            raise too_many_rounds(name, "build")  # noqa: TRY301
+            why = "retired" if key is None else "build"
+            raise too_many_rounds(name, why)  # noqa: TRY301
         except BaseException:
             done = asked[1]
             if done is not None and life.settle_unbegun(asked[0], done):
