@@ -23,15 +23,16 @@ from poolkeeper import _loops
 from poolkeeper._builds import (
     BuildRun,
     aended,
+    aprobe,
     armed_timers,
     building,
     error_name,
     log,
     monotonic,
-    probe,
     read_key,
     report,
     settle,
+    unprobe,
     waiting,
 )
 from poolkeeper._close import _LOOP_HINT, Closer, aclose_here, arun_each
@@ -163,7 +164,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    async def _acquire(self) -> Record[T]:  # noqa: C901, PLR0912 -- one loop.
+    async def _acquire(self) -> Record[T]:  # noqa: C901, PLR0912, PLR0915
         life = self._self_life
         if life.fork_errors:
             report_fork_errors(self._self_name, life.fork_errors)
@@ -217,7 +218,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                     case Probe(record=record):
                         # As in the sync driver: this task probes.
                         check = self._self_check
-                        if check is not None and probe(
+                        if check is not None and await aprobe(
                             life, self._self_closer, record, check
                         ):
                             continue
@@ -235,11 +236,15 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                         if error is not None:
                             raise error  # noqa: TRY301 -- the build's, as is.
                 epoch, key_hash, value = read_key(life, key, name)
-            raise too_many_rounds(name, "build")  # noqa: TRY301
+            why = "retired" if key is None else "build"
+            raise too_many_rounds(name, why)  # noqa: TRY301
         except BaseException:
             done = asked[1]
-            if done is not None and life.settle_unbegun(asked[0], done):
-                done.set_result(None)
+            try:
+                if done is not None and life.settle_unbegun(asked[0], done):
+                    done.set_result(None)
+            finally:
+                unprobe(life, self._self_closer, asked[0], done)
             raise
 
     async def _build(

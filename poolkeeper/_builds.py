@@ -71,7 +71,7 @@ from poolkeeper._identity import (
     key_fingerprint,
 )
 from poolkeeper._lease import loosen
-from poolkeeper._records import under
+from poolkeeper._records import ClientState, under
 from poolkeeper.exceptions import ReentrantBuildError
 
 if TYPE_CHECKING:
@@ -424,11 +424,14 @@ MAX_AGE_JITTER: Final = 0.1
 CHECK_EVERY: Final = 30.0
 
 
-def _timer(delay: float, fn: Callable[..., object], *args: object) -> None:
+def _timer(
+    delay: float, fn: Callable[..., object], *args: object
+) -> threading.Timer:
     timer = threading.Timer(max(delay, 0.0), fn, args)
     timer.daemon = True
     timer.name = TIMER_NAME
     timer.start()
+    return timer
 
 
 def age_limit(max_age: float) -> float:
@@ -439,12 +442,20 @@ def age_limit(max_age: float) -> float:
 def armed_timers(
     life: Lifecycle[Any], closer: Closer, record: Record[Any]
 ) -> None:
-    """After a build made *record* live: arm its max_age and check timers."""
-    slot, sequence = record.slot, record.sequence
+    """After a build made *record* live: arm its max_age and check timers.
+
+    The record keeps them: its close cancels them (``Closer``), so that a
+    retired client leaves no timer thread waiting for its deadline.
+    """
+    slot, sequence, timers = record.slot, record.sequence, record.timers
     if life.max_age is not None:
-        _timer(age_limit(life.max_age), expire, life, closer, slot, sequence)
+        timers["age"] = _timer(
+            age_limit(life.max_age), expire, life, closer, slot, sequence
+        )
     if life.check_every is not None:
-        _timer(life.check_every, life.due, slot, sequence)
+        timers["probe"] = _timer(life.check_every, life.due, slot, sequence, 0)
+    if record.state is ClientState.CLOSED:
+        record.cancel_timers()  # Closed meanwhile, maybe before they were.
 
 
 def expire(
@@ -477,35 +488,124 @@ def probe(
     propagates once the probe is reported as cut short (due again).
     Returns whether the client was retired now.
     """
-    slot = record.slot
-    ok: bool | None = None
-    error: BaseException | None = None
-    doomed: list[Record[Any]] = []
-    verdict: Verdict | None = None
-    again = False
+    answer: list[object] = [None, None]
+    count = record.checks + 1  # Once this probe is reported.
     try:
         try:
-            ok = bool(check(record.client))
+            result = check(record.client)
+            awaitable = inspect.isawaitable(result)
+            if not awaitable:
+                answer[:] = bool(result), None
         except Exception as err:  # noqa: BLE001 -- a failed probe.
-            ok, error = False, err
+            answer[:] = False, err
+        else:
+            if awaitable:
+                # A bad check, not a bad client: cut short, said loudly.
+                raise _cannot_await(life.name, result)
     finally:
+        _next_probe(life, record, count)
+        verdict = _probed(life, closer, record, *answer)
+    return settle(life, closer, record.slot, verdict)
+
+
+async def aprobe(
+    life: Lifecycle[Any],
+    closer: Closer,
+    record: Record[Any],
+    check: Callable[[Any], object],
+) -> bool:
+    """:func:`probe` on an event loop: an awaitable answer is awaited.
+
+    Other tasks of the loop are served meanwhile; a cancellation cuts the
+    probe short, as a ``KeyboardInterrupt`` does in :func:`probe`.
+    """
+    answer: list[object] = [None, None]
+    count = record.checks + 1  # Once this probe is reported.
+    try:
         try:
-            verdict, again = life.probed(
-                slot, record, ok, error_name(error), monotonic(), doomed
+            result = check(record.client)
+            if inspect.isawaitable(result):
+                result = await result
+            answer[:] = bool(result), None
+        except Exception as err:  # noqa: BLE001 -- a failed probe.
+            answer[:] = False, err
+    finally:
+        _next_probe(life, record, count)
+        verdict = _probed(life, closer, record, *answer)
+    return settle(life, closer, record.slot, verdict)
+
+
+def unprobe(
+    life: Lifecycle[Any], closer: Closer, slot: Slot | None, done: object
+) -> None:
+    """A call unwinds: give back a probe it was handed and did not report."""
+    if slot is None or slot.probe is None:
+        return
+    doomed: list[Record[Any]] = []
+    try:
+        life.unprobe(slot, done, doomed)
+    finally:
+        run_each(
+            (
+                *(functools.partial(close_soon, closer, r) for r in doomed),
+                functools.partial(loosen, life),
             )
-        finally:
-            run_each(
-                (
-                    *(
-                        functools.partial(close_soon, closer, r)
-                        for r in doomed
-                    ),
-                    functools.partial(loosen, life),
-                )
+        )
+
+
+def _cannot_await(name: str, result: object) -> TypeError:
+    """The error for a thread singleton's probe that returned an awaitable."""
+    if inspect.iscoroutine(result):
+        result.close()  # Never awaited: no "never awaited" warning.
+    msg = (
+        f"process_singleton(check=...) for {name} returned an awaitable, "
+        f"but {name} is a thread singleton: its probe must answer at once. "
+        "Pass a plain function client -> bool."
+    )
+    return TypeError(msg)
+
+
+def _probed(
+    life: Lifecycle[Any],
+    closer: Closer,
+    record: Record[Any],
+    ok: object,
+    error: object,
+) -> Verdict | None:
+    """Report a probe's answer (None: cut short); close what it dooms."""
+    doomed: list[Record[Any]] = []
+    try:
+        return life.probed(
+            record.slot,
+            record,
+            cast("bool | None", ok),
+            error_name(cast("BaseException | None", error)),
+            monotonic(),
+            doomed,
+        )
+    finally:
+        run_each(
+            (
+                *(functools.partial(close_soon, closer, r) for r in doomed),
+                functools.partial(loosen, life),
             )
-    if again and life.check_every is not None:
-        _timer(life.check_every, life.due, slot, record.sequence)
-    return settle(life, closer, slot, verdict)
+        )
+
+
+def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
+    """Arm the next probe of *record*, before this one is reported.
+
+    Armed first, so that nothing cut between the report and the arming
+    can stop the probes of a live client; a probe cut short before it is
+    armed is due again for the next call instead. The timer acts only if
+    the record then has *count* probes reported, so that a probe repeated
+    after a cut starts no second cycle of probes. A timer that finds the
+    client retired does nothing.
+    """
+    if life.check_every is not None:
+        record.timers["probe"] = _timer(
+            life.check_every, life.due, record.slot, record.sequence, count
+        )
 
 
 def say(name: str, verdict: Verdict) -> None:

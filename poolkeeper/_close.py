@@ -78,6 +78,7 @@ class Closer:
         # The record while this close holds its claim and has not begun.
         taken: list[Record[Any]] = []
         try:
+            record.cancel_timers()  # Its deadline and probes are moot now.
             run = self._resolve(record.client)
             if run is not None:
                 # Claimed from the lifecycle's owed closes, noted in *taken*

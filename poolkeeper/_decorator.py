@@ -251,9 +251,11 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             once per *check_every* seconds per client, with no lock held,
             by the first call or lease that finds it due; other callers
             are served the current client meanwhile. Counted in
-            ``statistics().probes`` and ``probe_failures``. For async
-            singletons too it is a plain function (``lambda c:
-            not c.closed``), run on the loop: keep it quick.
+            ``statistics().probes`` and ``probe_failures``. An async
+            singleton's check may be an ``async def`` (``await
+            redis.ping()``): the task that probes awaits it while the
+            loop's other tasks are served. A thread singleton's check is a
+            plain function (an ``async def`` is rejected here).
         check_every: Seconds between probes of a client (a positive
             number); default 30 when *check* is given. An error without
             *check*.
@@ -299,7 +301,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         made = make_async if validate_factory(factory) else make
         validate_retire_on(_name(factory), retire_on)
         validate_name(_name(factory), name)
-        every = validate_healing(_name(factory), max_age, check, check_every)
+        every = validate_healing(
+            _name(factory), max_age, check, check_every, made is make_async
+        )
         return made(
             factory,
             key=combined_key,
@@ -389,11 +393,17 @@ def _seconds(name: str, option: str, value: object) -> float | None:
 
 
 def validate_healing(
-    name: str, max_age: object, check: object, check_every: object
+    name: str,
+    max_age: object,
+    check: object,
+    check_every: object,
+    is_async: bool,  # noqa: FBT001 -- the singleton's kind.
 ) -> float | None:
     """Validate *max_age*, *check* and *check_every*; return check_every.
 
-    *check_every* defaults to ``CHECK_EVERY`` seconds with *check*.
+    *check_every* defaults to ``CHECK_EVERY`` seconds with *check*. An
+    ``async def`` check is awaited by an async singleton's probe; a thread
+    singleton's probe must answer at once.
     """
     _seconds(name, "max_age", max_age)
     every = _seconds(name, "check_every", check_every)
@@ -411,6 +421,14 @@ def validate_healing(
             f"process_singleton(check=...) for {name} must be a callable "
             f"taking the client and returning a bool, got "
             f"{type(check).__name__}."
+        )
+        raise TypeError(msg)
+    if not is_async and inspect.iscoroutinefunction(check):
+        msg = (
+            f"process_singleton(check=...) for {name} is an async function, "
+            f"but {name} is a thread singleton (its factory is a plain "
+            "function): its probe cannot await. Pass a plain function "
+            "client -> bool, or make the factory async def."
         )
         raise TypeError(msg)
     return CHECK_EVERY if every is None else every

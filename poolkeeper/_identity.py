@@ -207,17 +207,32 @@ def no_arguments(name: str, args: tuple[object, ...], kwargs: object) -> str:
 
 
 def too_many_rounds(name: str, what: str) -> PoolkeeperError:
-    """Return the error for a call that gave up after ``MAX_ROUNDS``."""
+    """Return the error for a call that gave up after ``MAX_ROUNDS``.
+
+    *what* is ``"lease"``, ``"build"`` (a keyed singleton: its key changed
+    or its client was retired before each build could be served) or
+    ``"retired"`` (a singleton without a key: only a retirement can send
+    a build back).
+    """
+    stop = (
+        "stop resetting or retiring it in a loop (retire(client) retires "
+        "only the client it is given, once)."
+    )
     if what == "lease":
+        msg = f"{name} was retired during each of {MAX_ROUNDS} attempts to "
+        msg += f"lease it; {stop}"
+    elif what == "retired":
         msg = (
-            f"{name} was retired during each of {MAX_ROUNDS} attempts to "
-            "lease it; stop resetting it in a loop."
+            f"{name} was retired (reset(), retire(), close_all() or "
+            f"healing) before each of {MAX_ROUNDS} builds could be served; "
+            f"{stop}"
         )
     else:
         msg = (
-            f"The key of {name} changed during each of {MAX_ROUNDS} builds; "
-            "make the key function return a value that only changes with "
-            "the configuration."
+            f"The key of {name} changed, or its client was retired, before "
+            f"each of {MAX_ROUNDS} builds could be served; make the key "
+            "function return a value that only changes with the "
+            f"configuration, and {stop}"
         )
     return PoolkeeperError(msg)
 

@@ -64,7 +64,8 @@ client's probe due (``due``), which disarms the hit path; the first
 probe is then "probing", and other calls are served), holding the record
 as a lease does, so that it is not closed under the probe. ``probed``
 releases it, counts the probe and retires a client that failed it, for
-reason "check"; a probe cut short by a ``BaseException`` is due again.
+reason "check"; a probe cut short by a ``BaseException``, or failed and
+not yet retired (cut between its two commits), is due again.
 """
 
 from __future__ import annotations
@@ -468,10 +469,13 @@ class Lifecycle(Generic[T]):
                 and probe[0] == live.sequence
                 and live.state is ClientState.LIVE
             ):
-                # This call probes; the record is held for it.
+                # This call probes; the record is held for it. The call's
+                # wake-up names it: unwinding before it reported, it gives
+                # the probe back (unprobe).
+                probing = (live.sequence, "probing", new_done(), live)
                 stores(
                     (live, "leases", live.leases + 1),
-                    (slot, "probe", (live.sequence, "probing")),
+                    (slot, "probe", probing),
                 )
                 return Probe(live)
             # Arm only if no subscribed variable changed since the key was
@@ -852,17 +856,21 @@ class Lifecycle(Generic[T]):
         return self.heal(slot, live.client, "max_age", None, now, doomed)
 
     @locked
-    def due(self, slot: Slot, sequence: int) -> bool:
+    def due(self, slot: Slot, sequence: int, checks: int) -> bool:
         """Mark record *sequence*'s probe due; False if it is not live.
 
-        The end of its *check_every* timer. Disarms the hit path first,
-        so that the next call asks ``request``, which hands out the probe.
+        The end of its *check_every* timer, armed when the record had
+        *checks* probes reported: a timer from before a later report (a
+        probe cut short, then run again) does nothing. Disarms the hit
+        path first, so that the next call asks ``request``, which hands
+        out the probe.
         """
         live = slot.live
         if (
             live is None
             or live.sequence != sequence
             or live.state is not ClientState.LIVE
+            or live.checks != checks
         ):
             return False
         probe = slot.probe
@@ -883,29 +891,33 @@ class Lifecycle(Generic[T]):
         error: str | None,
         now: float,
         doomed: list[Record[T]],
-    ) -> tuple[Verdict | None, bool]:
+    ) -> Verdict | None:
         """Report the probe of *record*: *ok*, failed, or None (cut short).
 
         Releases the record held for the probe (doomed if it was retired
         meanwhile and this was its last holder), counts the probe, and
         retires a live client that failed it (reason "check", healing).
         A probe cut short (None) is due again, for the next call. Returns
-        the retirement's verdict and whether to arm the next probe.
-        Idempotent for a probe already reported.
+        the retirement's verdict. Idempotent for a probe already reported.
         """
         probe = slot.probe
-        if probe != (record.sequence, "probing"):
-            return None, False
-        if ok is None:
-            # Due again, for the next call: the hit path stays disarmed.
+        if probe is None or probe[:2] != (record.sequence, "probing"):
+            return None
+        if ok is not True:
+            # Due again, for the next call: the hit path stays disarmed. A
+            # failed probe is due again until ``heal`` below retires the
+            # client (a second commit): cut between the two, the next call
+            # probes again instead of serving a failed client for ever.
             self._disarm()
-        state = (record.sequence, "due") if ok is None else None
+        state = None if ok is True else (record.sequence, "due")
         probes = self.probes + (ok is not None)
         failures = self.probe_failures + (ok is False)
         leases = record.leases - 1
+        checks = record.checks + 1
         if leases or record.pins or record.state is not ClientState.RETIRED:
             stores(
                 (record, "leases", leases),
+                (record, "checks", checks),
                 (slot, "probe", state),
                 (self, "probes", probes),
                 (self, "probe_failures", failures),
@@ -916,6 +928,7 @@ class Lifecycle(Generic[T]):
             owed = (*self.owed, *out)
             stores(
                 (record, "leases", 0),
+                (record, "checks", checks),
                 (record, "state", ClientState.CLOSED),
                 (slot, "retired", retired),
                 (slot, "probe", state),
@@ -925,11 +938,32 @@ class Lifecycle(Generic[T]):
                 items=((doomed, ALL, out),),
             )
         if ok is not False:
-            live = slot.live is record and ok is True
-            return None, live and record.state is ClientState.LIVE
-        return self.heal(
-            slot, record.client, "check", error, now, doomed
-        ), False
+            return None
+        verdict = self.heal(slot, record.client, "check", error, now, doomed)
+        if slot.probe == state and slot.live is record:
+            # Deferred by the backoff: the client stays live until the
+            # deferral's timer, and is probed meanwhile (a probe that
+            # fails after the deferral is due carries it out, as heal
+            # does, should its timer have been lost).
+            stores((slot, "probe", None))
+        return verdict
+
+    @locked
+    def unprobe(
+        self, slot: Slot, done: object, doomed: list[Record[T]]
+    ) -> None:
+        """Give back the probe handed to a call that unwinds unreported.
+
+        A driver calls this when a call ends by an exception. If *slot*'s
+        probe is still the one ``request`` handed to that call (its
+        wake-up is *done*), the exception came between ``request`` and the
+        probe's report: it is reported as cut short (due again), which
+        releases the record held for it.
+        """
+        probe = slot.probe
+        if probe is None or probe[1] != "probing" or probe[2] is not done:
+            return
+        self.probed(slot, probe[3], None, None, 0.0, doomed)
 
     def _defer(
         self,

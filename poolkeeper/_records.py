@@ -128,6 +128,7 @@ class Record(Generic[T]):
 
     __slots__ = (
         "built_at",
+        "checks",
         "client",
         "fingerprint",
         "generation",
@@ -139,6 +140,7 @@ class Record(Generic[T]):
         "sequence",
         "slot",
         "state",
+        "timers",
     )
 
     def __init__(self, client: T, ticket: Ticket, generation: int) -> None:
@@ -161,6 +163,17 @@ class Record(Generic[T]):
         self.state = ClientState.LIVE
         # Computed by the driver before the build (repr() of the key).
         self.fingerprint: str | None = None
+        # Its health probes reported (cut short ones too): a probe timer
+        # acts only at the count it was armed for (see Lifecycle.due).
+        self.checks = 0
+        # Its max_age and next probe's timers, by the driver: its close
+        # cancels them.
+        self.timers: dict[str, threading.Timer] = {}
+
+    def cancel_timers(self) -> None:
+        """Cancel this client's timers: it is closed, nothing is due."""
+        for timer in tuple(self.timers.values()):
+            timer.cancel()
 
     def matches(self, key_hash: int, key: object) -> bool:
         """Whether this record was built for *key* (by value, not hash)."""
@@ -265,8 +278,9 @@ class Slot:
         # (None after a build), the reason its next build reports.
         self.cause: str | None = None
         # The health probe (*check*) of the live client: (its record's
-        # sequence, "due" or "probing"), None between probes.
-        self.probe: tuple[int, str] | None = None
+        # sequence, "due"), or (sequence, "probing", the prober's wake-up,
+        # the record); None between probes.
+        self.probe: tuple[Any, ...] | None = None
 
 
 class Verdict:

@@ -31,6 +31,7 @@ from poolkeeper._builds import (
     refuse_coroutine,
     report,
     settle,
+    unprobe,
     waiting,
 )
 from poolkeeper._close import Closer, run_each
@@ -212,7 +213,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    def _acquire(self, value: object) -> Record[T]:  # noqa: C901 -- one loop.
+    def _acquire(self, value: object) -> Record[T]:  # noqa: C901, PLR0912
         # Ask the lifecycle, act on its answer, until served (see
         # Lifecycle.request). The key is compared here, with no lock held
         # (its __eq__ is user code); request() says if the live record
@@ -268,11 +269,15 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                         if error is not None:
                             raise error  # noqa: TRY301 -- the build's, as is.
                 epoch, key_hash, value = read_key(life, key, name)
-            raise too_many_rounds(name, "build")  # noqa: TRY301
+            why = "retired" if key is None else "build"
+            raise too_many_rounds(name, why)  # noqa: TRY301
         except BaseException:
             done = asked[1]
-            if done is not None and life.settle_unbegun(asked[0], done):
-                done.set()
+            try:
+                if done is not None and life.settle_unbegun(asked[0], done):
+                    done.set()
+            finally:
+                unprobe(life, self._self_closer, asked[0], done)
             raise
 
     def _build(self, ticket: Ticket) -> None:

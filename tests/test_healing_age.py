@@ -8,6 +8,8 @@ bounds leave room for a busy machine but fail a missing or early timer.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 
@@ -277,6 +279,277 @@ class TestCheck:
         stats = single.statistics()
         assert 1 == stats.retirements["check"]
         assert 1 == stats.probe_failures
+
+
+class TestAsyncChecks:
+    def test_an_async_check_is_awaited_while_other_tasks_are_served(
+        self, spacing
+    ):
+        """An ``async def`` probe is awaited; the loop keeps serving."""
+        gate: list[asyncio.Event] = []
+        verdicts = [True, False]
+
+        async def check(client: HttpxLike) -> bool:
+            await gate[0].wait()
+            return verdicts.pop(0)
+
+        async def make() -> HttpxLike:
+            return HttpxLike()
+
+        single = process_singleton(check=check, check_every=0.1)(make)
+
+        async def main() -> tuple[list[object], object]:
+            gate.append(asyncio.Event())
+            old = await single()
+            slot = next(iter(single._self_life.slots.values()))
+            for _ in range(int(WAIT / 0.01)):
+                if slot.probe is not None:
+                    break
+                await asyncio.sleep(0.01)
+            prober = asyncio.ensure_future(single())
+            await asyncio.sleep(0.05)
+            assert not prober.done()  # Awaiting the probe.
+            served = [await single() for _ in range(5)]
+            gate[0].set()
+            assert await asyncio.wait_for(prober, WAIT) is old
+            # The next probe fails: replaced on the loop, old closed there.
+            for _ in range(int(WAIT / 0.01)):
+                if await single() is not old:
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(int(WAIT / 0.01)):  # Closed soon, on this loop.
+                if old.is_closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert old.is_closed
+            return served, old
+
+        served, old = asyncio.run(main())
+        assert all(c is old for c in served)
+        stats = single.statistics()
+        assert (2, 1) == (stats.probes, stats.probe_failures)
+        assert 1 == stats.retirements["check"]
+
+    def test_an_async_check_on_a_thread_singleton_is_refused(self):
+        async def check(client: FakeClient) -> bool:
+            return True
+
+        with pytest.raises(
+            TypeError, match=r"check=.*for Factory.* is an async function"
+        ):
+            process_singleton(check=check)(Factory())
+
+    def test_a_check_returning_an_awaitable_in_a_thread_is_refused(
+        self, recwarn
+    ):
+        """Said to the caller that probes; the probe stays due, uncounted."""
+
+        async def ping() -> bool:
+            return True
+
+        single = process_singleton(check=lambda c: ping(), check_every=0.1)(
+            Factory()
+        )
+        client = single()
+        slot = single._self_slot
+        assert wait_until(lambda: slot.probe is not None)
+        with pytest.raises(TypeError, match=r"Factory.* returned an await"):
+            single()
+        assert (client, "due") == (slot.live.client, slot.probe[1])
+        assert 0 == slot.live.leases
+        assert 0 == single.statistics().probes
+        assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+class TestFailedProbeCutShort:
+    @pytest.mark.parametrize("n", range(1, 60))
+    def test_a_failed_probe_cut_anywhere_still_retires_its_client(
+        self, spacing, n
+    ):
+        """KeyboardInterrupt at the n-th line after a probe said no.
+
+        Whatever line it lands on, the failed client is replaced by a
+        later call and closed exactly once: never served for ever.
+        """
+        from attack import Inject
+
+        single = process_singleton(
+            check=lambda c: not c.closed, check_every=0.05
+        )(Factory())
+        old = single()
+        slot = single._self_slot
+        old.closes.append(-1)  # Broken, as the probe will find.
+        assert wait_until(lambda: slot.probe is not None)
+        inject = Inject(n, KeyboardInterrupt, after="check(record.client)")
+        sys.settrace(inject.tracer)
+        inject.armed = True
+        try:
+            single()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+            inject.armed = False
+        if inject.fired is None:
+            pytest.skip(f"the probe runs fewer than {n} lines")
+        assert _replaced(single, old) is not None, inject.fired
+        assert wait_until(lambda: len(old.closes) == 2), inject.fired
+        time.sleep(0.05)
+        assert [-1, os.getpid()] == old.closes, inject.fired
+        assert not single().closed
+
+
+class TestPassedProbeCutShort:
+    @pytest.mark.parametrize("n", range(1, 60))
+    def test_probes_go_on_after_a_cut_anywhere(self, spacing, n):
+        """KeyboardInterrupt at the n-th line after a probe said yes.
+
+        Whatever line it lands on, the client is probed again later: once
+        it goes bad it is replaced (the next probe was armed before the
+        report, or the probe is due again).
+        """
+        from attack import Inject
+
+        single = process_singleton(
+            check=lambda c: not c.closed, check_every=0.05
+        )(Factory())
+        old = single()
+        slot = single._self_slot
+        assert wait_until(lambda: slot.probe is not None)
+        inject = Inject(n, KeyboardInterrupt, after="check(record.client)")
+        sys.settrace(inject.tracer)
+        inject.armed = True
+        try:
+            single()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+            inject.armed = False
+        if inject.fired is None:
+            pytest.skip(f"the probe runs fewer than {n} lines")
+        assert single() is old, inject.fired
+        old.closes.append(-1)  # Now it goes bad.
+        assert _replaced(single, old) is not None, inject.fired
+        assert wait_until(lambda: len(old.closes) == 2), inject.fired
+
+
+class TestTimersEndWithTheirClient:
+    def test_a_retired_client_leaves_no_timer_thread(self):
+        """max_age=3600 and check_every=3600: retired, their timers end."""
+
+        def timers() -> int:
+            return sum(
+                t.name == _builds.TIMER_NAME for t in threading.enumerate()
+            )
+
+        before = timers()
+        single = process_singleton(
+            max_age=3600, check=lambda c: True, check_every=3600
+        )(Factory())
+        for _ in range(5):
+            single()
+            assert wait_until(lambda: timers() == before + 2)
+            assert single.reset()
+        assert wait_until(lambda: timers() == before)
+
+    def test_a_stale_probe_timer_does_nothing(self):
+        """A timer armed for an earlier probe count is moot."""
+        single = process_singleton(check=lambda c: True, check_every=3600)(
+            Factory()
+        )
+        single()
+        life, slot = single._self_life, single._self_slot
+        record = slot.live
+        assert not life.due(slot, record.sequence, record.checks + 1)
+        assert slot.probe is None
+        assert life.due(slot, record.sequence, record.checks)
+        assert (record.sequence, "due") == slot.probe
+
+
+class TestProbeHandedOutCutShort:
+    @pytest.mark.parametrize("n", range(1, 40))
+    def test_a_probe_cut_before_its_report_is_given_back(self, n):
+        """KeyboardInterrupt at the n-th line after request() hands out a
+        probe: the probe is reported (or due again), never stuck holding
+        its client, which reset() then closes exactly once.
+        """
+        from attack import Inject
+
+        single = process_singleton(check=lambda c: True, check_every=0.05)(
+            Factory()
+        )
+        client = single()
+        slot = single._self_slot
+        assert wait_until(lambda: slot.probe is not None)
+        inject = Inject(n, KeyboardInterrupt, after="return Probe(live)")
+        sys.settrace(inject.tracer)
+        inject.armed = True
+        try:
+            single()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+            inject.armed = False
+        if inject.fired is None:
+            pytest.skip(f"fewer than {n} lines follow the hand-out")
+        probe = slot.probe
+        assert probe is None or probe[1] == "due", (inject.fired, probe)
+        assert 0 == slot.live.leases, inject.fired
+        assert single() is client
+        assert single.reset()
+        assert [os.getpid()] == client.closes, inject.fired
+
+
+class Cut(BaseException):
+    """Injected: a BaseException no event loop treats specially."""
+
+
+class TestAsyncProbeHandedOutCutShort:
+    @pytest.mark.parametrize("n", range(1, 40))
+    def test_an_async_probe_cut_before_its_report_is_given_back(self, n):
+        """As the thread test above, in a task on an event loop."""
+        from attack import Inject
+
+        async def make() -> FakeClient:
+            return FakeClient()
+
+        single = process_singleton(check=lambda c: True, check_every=0.05)(
+            make
+        )
+
+        async def main() -> None:
+            client = await single()
+            slot = next(iter(single._self_life.slots.values()))
+            for _ in range(int(WAIT / 0.01)):
+                if slot.probe is not None:
+                    break
+                await asyncio.sleep(0.01)
+            inject = Inject(n, Cut, after="return Probe(live)")
+            sys.settrace(inject.tracer)
+            inject.armed = True
+            try:
+                await single()
+            except Cut:
+                pass
+            finally:
+                sys.settrace(None)
+                inject.armed = False
+            if inject.fired is None:
+                pytest.skip(f"fewer than {n} lines follow the hand-out")
+            probe = slot.probe
+            assert probe is None or probe[1] == "due", (inject.fired, probe)
+            assert 0 == slot.live.leases, inject.fired
+            assert await single() is client
+            assert await single.reset()
+            for _ in range(int(WAIT / 0.01)):
+                if client.closes:
+                    break
+                await asyncio.sleep(0.01)
+            assert [os.getpid()] == client.closes, inject.fired
+
+        asyncio.run(main())
 
 
 class TestValidation:

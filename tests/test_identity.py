@@ -20,7 +20,9 @@ class TestGiveUpErrors:
         ("what", "advice"),
         [
             ("build", "make the key function return a value"),
-            ("lease", "stop resetting it in a loop"),
+            ("build", "stop resetting or retiring it in a loop"),
+            ("retired", "stop resetting or retiring it in a loop"),
+            ("lease", "stop resetting or retiring it in a loop"),
         ],
     )
     def test_message_names_the_factory_the_bound_and_what_to_do(
@@ -34,6 +36,13 @@ class TestGiveUpErrors:
         assert f"{MAX_ROUNDS} " in message
         assert advice in message
         assert message.endswith(".")
+
+    def test_a_singleton_without_a_key_blames_retirements_not_a_key(self):
+        """No key, no key change: the message names what did happen."""
+        message = str(too_many_rounds("make_client", "retired"))
+        assert "key" not in message
+        assert "retired" in message
+        assert "reset()" in message
 
 
 class TestIdentity:

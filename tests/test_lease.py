@@ -34,6 +34,7 @@ CLOSE_PATH = {
     "_extra",
     "run",
     "claim",
+    "cancel_timers",  # _records: a closed client's max_age/probe timers.
     "_begin",
     "owe",
     "owes",
