@@ -121,21 +121,9 @@ def build(reason: str, outcome: str) -> tuple[str, frozenset]:
 def expected(name: str) -> dict:
     """What the scenario (see run_sync) leaves in the metrics."""
     del name
-    retirements = dict.fromkeys(
-        (
-            "key",
-            "fork",
-            "reset",
-            "retire",
-            "retire_on",
-            "check",
-            "max_age",
-            "close_all",
-            "loop_end",
-        ),
-        0,
-    )
-    retirements.update(key=2, reset=1, retire=1, close_all=1)
+    # A counter of retirements: a reason that never happened has no
+    # series (no zeros).
+    retirements = {"key": 2, "reset": 1, "retire": 1, "close_all": 1}
     found = {
         build("first", "success"): 1,
         build("key", "success"): 2,
@@ -299,6 +287,52 @@ def test_watch_reports_descriptors_and_threads(reader):
         os.close(w)
 
 
+#: What the scenario says, in order: each retirement is said before its
+#: client's close, and a build before what it retired (its key's).
+SCENARIO_EVENTS = (
+    ("built", "first", logging.DEBUG),
+    ("built", "key", logging.DEBUG),
+    ("retired", "key", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+    ("retired", "reset", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+    ("built", "reset", logging.DEBUG),
+    ("retired", "retire", logging.WARNING),
+    ("closed", None, logging.DEBUG),
+    ("built", "retire", logging.DEBUG),
+    ("build_failed", "key", logging.WARNING),
+    ("built", "key", logging.DEBUG),
+    ("retired", "key", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+    ("retired", "close_all", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+)
+
+
+def said(caplog, name: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+    ]
+
+
+def test_async_scenario_says_each_event_in_order(reader, monkeypatch, caplog):
+    del reader
+    name = f"events-alogs-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    asyncio.run(scenario_async(monkeypatch, name))
+    ours = said(caplog, name)
+    assert SCENARIO_EVENTS == tuple(
+        (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None), r.levelno)
+        for r in ours
+    )
+    for record in caplog.records:
+        text = repr(vars(record)) + record.getMessage()
+        for secret in SECRETS:
+            assert secret not in text
+
+
 def test_log_records_carry_fields_never_the_key(reader, monkeypatch, caplog):
     del reader
     name = f"events-logs-{uuid.uuid4().hex[:8]}"
@@ -317,24 +351,20 @@ def test_log_records_carry_fields_never_the_key(reader, monkeypatch, caplog):
         (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None), r.levelno)
         for r in ours
     ]
-    d, w = logging.DEBUG, logging.WARNING
-    assert events == [
-        ("built", "first", d),
-        ("closed", None, d),  # The first client, retired by the key.
-        ("built", "key", d),
-        ("closed", None, d),  # Closed at once, then the retirement said.
-        ("retired", "reset", d),
-        ("built", "reset", d),
-        ("closed", None, d),
-        ("retired", "retire", w),
-        ("built", "retire", d),
-        ("build_failed", "key", w),
-        ("closed", None, d),
-        ("built", "key", d),
-        ("closed", None, d),  # close_all.
-    ]
+    assert SCENARIO_EVENTS == tuple(events)
     fingerprints = {r.poolkeeper_key for r in ours}
     assert len(fingerprints) == 3
+    retired = [r for r in ours if r.poolkeeper_event == "retired"]
+    # Each names the retired client's key, by its fingerprint: the
+    # first key's client, three of the second's, the third's.
+    keys_built = [
+        r.poolkeeper_key for r in ours if r.poolkeeper_event == "built"
+    ]
+    a, b, c = keys_built[0], keys_built[1], keys_built[4]
+    assert len({a, b, c}) == 3
+    assert [r.poolkeeper_key for r in retired] == [a, b, b, b, c]
+    assert all(r.poolkeeper_age >= 0 for r in retired)
+    assert all(r.poolkeeper_error_type is None for r in retired)
     assert all(re.fullmatch("[0-9a-f]{12}", f) for f in fingerprints)
     for record in ours:
         assert record.poolkeeper_factory == name
@@ -563,7 +593,9 @@ class TestMetricsNeverRaise:
             record = add
 
         monkeypatch.setattr(
-            _events, "_made", _events.Instruments(Broken(), Broken(), Broken())
+            _events,
+            "_made",
+            _events.Instruments(Broken(), Broken(), Broken(), Broken()),
         )
         caplog.set_level(logging.DEBUG, logger="poolkeeper")
         single = process_singleton(name="events-broken-add")(Factory())
@@ -574,7 +606,8 @@ class TestMetricsNeverRaise:
             for r in caplog.records
             if r.getMessage() == "Recording a poolkeeper metric failed."
         ]
-        assert len(failures) == 2  # The build, then the close.
+        # The build, the retirement, then the close.
+        assert len(failures) == 3
 
 
 def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
@@ -622,3 +655,245 @@ def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
     ]
     assert [r.poolkeeper_reason for r in deferred] == ["retire"]
     assert deferred[0].levelno == logging.INFO
+
+
+# -- every retirement is one ``retired`` event ---------------------------
+
+
+def retirements_counted(reader, name: str, reason: str) -> int:
+    key = frozenset({"poolkeeper.reason": reason}.items())
+    return points(reader, name).get(("poolkeeper.client.retirements", key), 0)
+
+
+def sequence(caplog, name: str) -> list[tuple[str, str | None]]:
+    return [
+        (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None))
+        for r in said(caplog, name)
+    ]
+
+
+def wait_for(caplog, name: str, event: tuple[str, str | None]) -> None:
+    deadline = time.monotonic() + WAIT
+    while event not in sequence(caplog, name):
+        assert time.monotonic() < deadline, sequence(caplog, name)
+        time.sleep(0.01)
+
+
+def retire_by_key(monkeypatch, caplog, name: str) -> object:
+    monkeypatch.setenv(VAR, SECRETS[0])
+    single = process_singleton(key=keys.env(VAR), name=name)(Factory())
+    single()
+    monkeypatch.setenv(VAR, SECRETS[1])
+    single()
+    return single
+
+
+def retire_by_reset(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name)(Factory())
+    single()
+    assert single.reset()
+    return single
+
+
+def retire_by_retire(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name)(Factory())
+    assert single.retire(single())
+    return single
+
+
+def retire_by_retire_on(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name, retire_on=ValueError)(Factory())
+    with pytest.raises(ValueError, match="broken"), single.lease():
+        raise ValueError("broken")
+    return single
+
+
+def retire_by_check(monkeypatch, caplog, name: str) -> object:
+    factory = Factory()
+
+    def check(client: object) -> bool:  # Only the first client fails.
+        return client is not factory.built[0]
+
+    single = process_singleton(name=name, check=check, check_every=0.02)(
+        factory
+    )
+    single()
+    deadline = time.monotonic() + WAIT
+    while ("retired", "check") not in sequence(caplog, name):
+        assert time.monotonic() < deadline
+        single()  # The call that finds the probe due runs it.
+        time.sleep(0.01)
+    return single
+
+
+def retire_by_max_age(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name, max_age=0.02)(Factory())
+    single()  # Not called again: no second client to age.
+    wait_for(caplog, name, ("retired", "max_age"))
+    wait_for(caplog, name, ("closed", None))
+    return single
+
+
+def retire_by_close_all(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name)(Factory())
+    single()
+    poolkeeper.close_all()
+    return single
+
+
+def retire_by_loop_end(monkeypatch, caplog, name: str) -> object:
+    built: list[FakeClient] = []
+
+    async def factory() -> FakeClient:
+        built.append(FakeClient())
+        return built[-1]
+
+    single = process_singleton(name=name)(factory)
+
+    async def main() -> None:
+        await single()
+
+    asyncio.run(main())
+    assert built[0].closed
+    return single
+
+
+RETIREMENTS = {
+    "key": (retire_by_key, logging.DEBUG),
+    "reset": (retire_by_reset, logging.DEBUG),
+    "retire": (retire_by_retire, logging.WARNING),
+    "retire_on": (retire_by_retire_on, logging.WARNING),
+    "check": (retire_by_check, logging.WARNING),
+    "max_age": (retire_by_max_age, logging.INFO),
+    "close_all": (retire_by_close_all, logging.DEBUG),
+    "loop_end": (retire_by_loop_end, logging.DEBUG),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(RETIREMENTS))
+def test_every_retirement_is_one_event_said_before_its_close(
+    reader, monkeypatch, caplog, reason
+):
+    """A ``retired`` record and one count, then the client's close."""
+    name = f"events-{reason}-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    retire, level = RETIREMENTS[reason]
+    single = retire(monkeypatch, caplog, name)
+    wait_for(caplog, name, ("closed", None))
+    events = sequence(caplog, name)
+    retired = [
+        r for r in said(caplog, name) if r.poolkeeper_event == "retired"
+    ]
+    assert [r.poolkeeper_reason for r in retired] == [reason], events
+    assert retired[0].levelno == level
+    assert retired[0].poolkeeper_age >= 0
+    # Said before its client's close, which follows it.
+    assert events.index(("retired", reason)) < events.index(("closed", None))
+    assert retirements_counted(reader, name, reason) == 1
+    assert single.statistics().retirements[reason] == 1
+    for record in caplog.records:
+        text = repr(vars(record)) + record.getMessage()
+        for secret in SECRETS:
+            assert secret not in text
+
+
+FORK_CHILD_EVENTS = textwrap.dedent(
+    """
+    import json, logging, os, sys, threading
+
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    import poolkeeper
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("poolkeeper")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+
+    class Client:
+        def __init__(self):
+            self.closes = []
+
+        def close(self):
+            self.closes.append(os.getpid())
+
+    single = poolkeeper.process_singleton(name="forked")(Client)
+    parents = single()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        # Two threads of the child's first calls: one fork event.
+        threads = [threading.Thread(target=single) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        poolkeeper.close_all()
+        counted = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == "poolkeeper.client.retirements":
+                        for p in m.data.data_points:
+                            a = dict(p.attributes)
+                            counted[a["poolkeeper.reason"]] = p.value
+        said = [
+            (x.poolkeeper_event, getattr(x, "poolkeeper_reason", None),
+             x.levelname)
+            for x in records
+            if getattr(x, "poolkeeper_singleton", None) == "forked"
+        ]
+        out = {
+            "said": said,
+            "counted": counted,
+            "statistics": single.statistics().retirements["fork"],
+            "parents_closed": parents.closes,
+        }
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+    print(data.decode())
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
+def test_a_fork_retirement_is_said_once_in_the_child():
+    """The child says the fork's retirement once, never closing it."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_CHILD_EVENTS],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["parents_closed"] == []  # Abandoned, never closed.
+    assert out["statistics"] == 1
+    assert out["said"] == [
+        # The parent's build, before the fork (the child's copy).
+        ["built", "first", "DEBUG"],
+        ["retired", "fork", "DEBUG"],
+        ["built", "fork", "DEBUG"],
+        ["retired", "close_all", "DEBUG"],
+        ["closed", None, "DEBUG"],
+    ]
+    assert out["counted"] == {"fork": 1, "close_all": 1}
