@@ -459,54 +459,97 @@ def test_import_poolkeeper_imports_no_opentelemetry(mode):
         assert not [m for m in imported if m.startswith("opentelemetry.sdk")]
 
 
-def test_prometheus_scrape_finds_the_metrics(reader, monkeypatch):
-    """A demo-like workload, scraped over HTTP on 127.0.0.1."""
+#: A Prometheus text line: name, labels, value (no timestamp).
+SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scraped(url: str) -> tuple[str, dict[tuple[str, frozenset], float]]:
+    """The endpoint's text, and its samples by (name, labels)."""
+    assert url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(url, timeout=WAIT) as response:  # noqa: S310
+        text = response.read().decode()
+    found = {
+        (name, frozenset(LABEL.findall(labels or ""))): float(value)
+        for name, labels, value in SAMPLE.findall(text)
+    }
+    return text, found
+
+
+def series(
+    found: dict[tuple[str, frozenset], float], name: str, **labels: str
+) -> float:
+    """The sum of *name*'s samples whose labels include *labels*."""
+    want = set(labels.items())
+    return sum(
+        value
+        for (metric, have), value in found.items()
+        if metric == name and want <= have
+    )
+
+
+def test_prometheus_scrape_finds_the_metrics_during_the_demo(reader, tmp_path):
+    """The demo's workload, in-process, scraped over HTTP on 127.0.0.1.
+
+    The demo (adapters/daytona/demo, ``make demo``) runs its two phases
+    against its Daytona emulator on loopback: a client per attempt, then
+    ``daytona_client()``, which it resets at the end. A sampler scrapes
+    the exporter's endpoint every 0.1 s meanwhile, as Prometheus would.
+    """
     del reader
+    demo = pytest.importorskip("poolkeeper_daytona_demo", reason="make venv")
     server, thread = start_http_server(0, addr="127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    samples: list[dict[tuple[str, frozenset], float]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            samples.append(scraped(url)[1])
+
+    poolkeeper.watch("events_test_module:Nothing")
+    sampler = threading.Thread(target=sample)
     try:
-        port = server.server_address[1]
-        monkeypatch.setenv(VAR, SECRETS[0])
-        single = process_singleton(key=keys.env(VAR), name="events_prom")(
-            Factory()
-        )
-        poolkeeper.watch("events_test_module:Nothing")
-
-        def worker() -> None:
-            for _ in range(50):
-                with single.lease():
-                    pass
-
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT)
-        monkeypatch.setenv(VAR, SECRETS[1])  # A rotation mid-run.
-        single()
-        url = f"http://127.0.0.1:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=WAIT) as response:
-            text = response.read().decode()
+        before = scraped(url)[1]
+        sampler.start()
+        argv = ["demo", "--threads", "2", "--attempts", "20"]
+        argv += ["--seconds", "4", "--quiet", "--out", str(tmp_path)]
+        status = demo.main(argv)
     finally:
+        done.set()
+        sampler.join(WAIT)
+        text, after = scraped(url)
         server.shutdown()
         server.server_close()
         thread.join(WAIT)
-    for secret in SECRETS:
+    assert status == 0  # The demo's own verdict: pooled fds stayed flat.
+    for secret in (*SECRETS, "pooled-demo-key", "naive-demo-key"):
         assert secret not in text
-    assert re.search(
-        r"^poolkeeper_client_builds(_build)?_total\{[^}]*"
-        r'poolkeeper_reason="key"[^}]*poolkeeper_singleton="events_prom"'
-        r"[^}]*\} 1\.0$",
-        text,
-        re.MULTILINE,
-    ), text
-    assert "poolkeeper_client_build_duration_seconds_count" in text
-    assert re.search(
-        r"^process_open_file_descriptor_count\S* \d", text, re.MULTILINE
+    one = {"poolkeeper_singleton": "daytona_client"}
+
+    def delta(name: str, **labels: str) -> float:
+        labels = {**one, **labels}
+        return series(after, name, **labels) - series(before, name, **labels)
+
+    # The pooled phase built one client; the demo's end reset it.
+    reset = {"poolkeeper_reason": "reset"}
+    closed = {"poolkeeper_outcome": "success"}
+    assert delta("poolkeeper_client_builds_total") == 1, text
+    assert delta("poolkeeper_client_retirements_total", **reset) == 1, text
+    assert delta("poolkeeper_client_closes_total", **closed) == 1, text
+    assert delta("poolkeeper_client_build_duration_seconds_count") == 1
+    live = {"poolkeeper_state": "live"}
+    assert series(after, "poolkeeper_client_open", **one, **live) == 0
+    # During the run: the pooled client live in some scrape, and the
+    # descriptors the per-attempt phase leaked.
+    assert len(samples) >= 10
+    assert any(
+        series(s, "poolkeeper_client_open", **one, **live) == 1
+        for s in samples
     )
-    assert re.search(r"^process_thread_count\S* \d", text, re.MULTILINE)
-    assert (
-        "poolkeeper_client_open{" in text or "poolkeeper_client_open_" in text
-    )
+    fds = [series(s, "process_open_file_descriptor_count") for s in samples]
+    assert max(fds) > fds[0] + 10, fds
+    assert all(series(s, "process_thread_count") >= 1 for s in samples)
 
 
 PROXY_CHECK = textwrap.dedent(
