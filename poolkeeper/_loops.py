@@ -254,13 +254,15 @@ async def _until_loop_ends(
                 said: list[Verdict] = []
                 life.close_slot(slot, doomed, said)
                 slot.hook = None
-                for verdict in said:  # Said, then closed.
-                    say(life.name, verdict)
-                # Every one of them, whatever one close raises.
-                await arun_each(
-                    functools.partial(closer.aclose, record)
-                    for record in sorted(doomed, key=lambda r: -r.sequence)
-                )
+                try:  # Said, then closed.
+                    for verdict in said:
+                        say(life.name, verdict)
+                finally:
+                    # Every one of them, whatever one close raises.
+                    await arun_each(
+                        functools.partial(closer.aclose, record)
+                        for record in sorted(doomed, key=lambda r: -r.sequence)
+                    )
         except BaseException as exc:  # noqa: BLE001 -- raised below.
             # Raised by the last loop-end close of this loop: raised now, a
             # KeyboardInterrupt would stop the loop before the others ran.
@@ -279,12 +281,13 @@ def drop(life: Lifecycle[Any], slot: Slot, lost: list[Record[Any]]) -> None:
     said: list[Verdict] = []
     life.close_slot(slot, doomed, said)
     lost.extend(doomed)
-    for verdict in said:
-        say(life.name, verdict)
     agen, slot.hook = slot.hook, None
     if agen is not None:
         with contextlib.suppress(StopIteration, RuntimeError):
             cast("Any", agen).aclose().send(None)
+    # Its clients are never closed (the caller reports them unclosed).
+    for verdict in said:
+        say(life.name, verdict)
 
 
 def prune(life: Lifecycle[Any], lost: list[Record[Any]]) -> None:

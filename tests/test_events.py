@@ -940,3 +940,33 @@ def test_a_fork_retirement_is_said_once_in_the_child():
         ["closed", None, "DEBUG"],
     ]
     assert out["counted"] == {"fork": 1, "close_all": 1}
+
+
+def test_a_loop_closed_without_shutdown_is_said_when_pruned(reader, caplog):
+    """Its slot dropped at the next loop's first call: one ``loop_end``."""
+    name = f"events-pruned-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    built: list[FakeClient] = []
+
+    async def factory() -> FakeClient:
+        built.append(FakeClient())
+        return built[-1]
+
+    single = process_singleton(name=name)(factory)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(single())
+    loop.close()  # Without shutdown_asyncgens(): nothing closed it.
+    assert sequence(caplog, name) == [("built", "first")]
+    with pytest.warns(poolkeeper.UnclosedClientWarning):
+        asyncio.run(single())  # Its first call prunes the closed loop.
+    assert sequence(caplog, name) == [
+        ("built", "first"),
+        ("retired", "loop_end"),
+        ("close_failed", None),  # Its loop is gone: never closed.
+        ("built", "first"),  # The new loop's slot.
+        ("retired", "loop_end"),  # asyncio.run()'s end.
+        ("closed", None),
+    ]
+    assert not built[0].closed
+    assert retirements_counted(reader, name, "loop_end") == 2
+    assert single.statistics().retirements["loop_end"] == 2
