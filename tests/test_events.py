@@ -488,7 +488,11 @@ def series(
     )
 
 
-@pytest.mark.timeout(240)  # Loaded machines: see argv below.
+@pytest.mark.timeout(600)  # Loaded machines: see argv below.
+# The per-attempt phase leaks clients by design (the incident); one whose
+# create the time cap cut short is never closed, and its sockets warn
+# when collected, after the demo.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_prometheus_scrape_finds_the_metrics_during_the_demo(reader, tmp_path):
     """The demo's workload, in-process, scraped over HTTP on 127.0.0.1.
 
@@ -513,9 +517,10 @@ def test_prometheus_scrape_finds_the_metrics_during_the_demo(reader, tmp_path):
     try:
         before = scraped(url)[1]
         sampler.start()
-        # Small, so that it ends once its attempts are made (about 10 s
+        # Small, so that it ends once its attempts are made (about 8 s
         # with the SDK's import); the per-phase cap only bounds a loaded
-        # machine's run, where the SDK's import alone took 37 s.
+        # machine's run (at load 16 on 2 cores the SDK's import alone
+        # took 143 s).
         argv = ["demo", "--threads", "2", "--attempts", "8"]
         argv += ["--seconds", "20", "--quiet", "--out", str(tmp_path)]
         status = demo.main(argv)
