@@ -37,7 +37,7 @@ DEMO_PACKAGE := --reinstall-package poolkeeper-daytona-demo ./adapters/daytona/d
 
 .PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
 	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
-	freethreaded freethreaded-run bench bench-freethreaded docs sdist clean
+	freethreaded freethreaded-run bench bench-otel bench-freethreaded docs sdist clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -203,6 +203,11 @@ sdist: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_hit_path.py
+
+# The hit path with OpenTelemetry absent, importable, and recording (a
+# MeterProvider set), side by side against functools.cache (issue 24).
+bench-otel: venv
+	$(BIN)/python benchmarks/bench_otel.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(DEMO) $(CORE) $(NOSDK) $(PIPV) $(PIPV)-current $(SDKV) \

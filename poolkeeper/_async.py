@@ -31,6 +31,7 @@ from poolkeeper._builds import (
     monotonic,
     read_key,
     report,
+    say,
     settle,
     unprobe,
     waiting,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Coroutine
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
-    from poolkeeper._records import Statistics
+    from poolkeeper._records import Statistics, Verdict
 
     _Base = wrapt.ObjectProxy[Any]
 else:
@@ -263,10 +264,11 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             try:
                 run.end()
             finally:
+                # Said (built, and what it retired), then closed.
                 try:
-                    await self._close(run.doomed)
-                finally:
                     report(self._self_name, run, is_async=True)
+                finally:
+                    await self._close(run.doomed)
         if ticket.record is not None:  # pragma: no branch -- injected.
             armed_timers(self._self_life, self._self_closer, ticket.record)
 
@@ -293,10 +295,11 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         now = asyncio.get_running_loop().time()
         life = self._self_life
         doomed: list[Record[T]] = []
+        verdict: Verdict | None = None
         try:
             verdict = life.reset(slot, now, doomed)
         finally:
-            await self._close(doomed)
+            await self._said(verdict, doomed)
         return settle(life, self._self_closer, slot, verdict)
 
     async def retire(self, client: T) -> bool:
@@ -322,13 +325,23 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             return False
         life = self._self_life
         doomed: list[Record[T]] = []
+        verdict: Verdict | None = None
         try:
             verdict = life.heal(
                 slot, client, reason, error_name(error), monotonic(), doomed
             )
         finally:
-            await self._close(doomed)
+            await self._said(verdict, doomed)
         return settle(life, self._self_closer, slot, verdict)
+
+    async def _said(
+        self, verdict: Verdict | None, doomed: list[Record[T]]
+    ) -> None:
+        # A retirement is said (retired, or deferred), then closed.
+        try:
+            say(self._self_name, verdict)
+        finally:
+            await self._close(doomed)
 
     async def _retire_on(self, client: object, error: BaseException) -> None:
         # As the sync driver's: never raises an Exception.

@@ -201,13 +201,17 @@ def refuse_coroutine(name: str, made: dict[None, Any]) -> None:
 def report(name: str, run: BuildRun[Any], *, is_async: bool) -> None:
     """Say how a build ended: the one place builds' events are sent.
 
-    Called by each driver as its build unwinds (no lock held). A build
-    that made its client live is ``built``; one that raised is
-    ``build_failed``, except a cancellation (no failure, as in
-    ``statistics()``); one cut short otherwise says nothing.
+    Called by each driver as its build unwinds (no lock held), before it
+    closes what the build retired. A build that made its client live is
+    ``built``, then ``retired`` for the client it replaced (reason
+    "key"); one that raised is ``build_failed``, except a cancellation
+    (no failure, as in ``statistics()``); one cut short otherwise says
+    nothing. A forked child's first build first says the retirements of
+    the clients it abandoned at the fork (see ``forked``).
     """
     ticket = run.ticket
     duration = run.clock() - run.started
+    forked(run.life)
     record = ticket.record
     if record is not None:
         # Off the hit path: adapters' hooks for the client's type are
@@ -221,6 +225,7 @@ def report(name: str, run: BuildRun[Any], *, is_async: bool) -> None:
             duration,
             is_async=is_async,
         )
+        say(name, ticket.retired)
         return
     error = sys.exc_info()[1]
     if error is not None and not isinstance(error, asyncio.CancelledError):
@@ -351,8 +356,8 @@ def forget() -> None:
 # -- healing ------------------------------------------------------------
 #
 # A retirement decided by the lifecycle (heal, reset, carry_out) comes
-# back as a Verdict: the driver closes what it retired (with no lock
-# held), logs a healing retirement at WARNING, and arms a timer for a
+# back as a Verdict: the driver says it (say: retired, or deferred),
+# then closes what it retired (with no lock held), and arms a timer for a
 # retirement deferred by the backoff or min_rebuild_interval. The timer
 # is a daemon thread holding the lifecycle, its closer and the slot,
 # never the singleton; a forked child has none of its parent's threads,
@@ -370,10 +375,12 @@ def error_name(error: BaseException | None) -> str | None:
 def settle(
     life: Lifecycle[Any], closer: Closer, slot: Slot, verdict: Verdict | None
 ) -> bool:
-    """Log *verdict* and arm its timer; return whether it retired now."""
+    """Arm *verdict*'s timer; return whether it retired now.
+
+    The driver said *verdict* before it closed what it retired (``say``).
+    """
     if verdict is None:
         return False
-    say(life.name, verdict)
     if not verdict.retired and verdict.delay is not None:
         timer = threading.Timer(
             max(verdict.delay, 0.0),
@@ -395,8 +402,25 @@ def carry_out(
     closed here, an async one on its own loop (``close_soon``).
     """
     doomed: list[Record[Any]] = []
+    verdict: Verdict | None = None
     try:
         verdict = life.carry_out(slot, sequence, doomed)
+    finally:
+        closing(life, closer, verdict, doomed)
+
+
+def closing(
+    life: Lifecycle[Any],
+    closer: Closer,
+    verdict: Verdict | None,
+    doomed: list[Record[Any]],
+) -> None:
+    """Say *verdict*, then close *doomed* (on its loop, for async ones).
+
+    A timer's or a probe's: no caller waits for an async client's close.
+    """
+    try:
+        say(life.name, verdict)
     finally:
         run_each(
             (
@@ -404,8 +428,6 @@ def carry_out(
                 functools.partial(loosen, life),
             )
         )
-    if verdict is not None:
-        say(life.name, verdict)
 
 
 # -- ageing and probing ------------------------------------------------
@@ -463,15 +485,11 @@ def expire(
 ) -> None:
     """A max_age timer's end: retire record *sequence* if still live."""
     doomed: list[Record[Any]] = []
+    verdict: Verdict | None = None
     try:
         verdict = life.expire(slot, sequence, monotonic(), doomed)
     finally:
-        run_each(
-            (
-                *(functools.partial(close_soon, closer, r) for r in doomed),
-                functools.partial(loosen, life),
-            )
-        )
+        closing(life, closer, verdict, doomed)
     settle(life, closer, slot, verdict)
 
 
@@ -545,12 +563,7 @@ def unprobe(
     try:
         life.unprobe(slot, done, doomed)
     finally:
-        run_each(
-            (
-                *(functools.partial(close_soon, closer, r) for r in doomed),
-                functools.partial(loosen, life),
-            )
-        )
+        closing(life, closer, None, doomed)
 
 
 def _cannot_await(name: str, result: object) -> TypeError:
@@ -572,10 +585,11 @@ def _probed(
     ok: object,
     error: object,
 ) -> Verdict | None:
-    """Report a probe's answer (None: cut short); close what it dooms."""
+    """Report a probe's answer (None: cut short); say, then close."""
     doomed: list[Record[Any]] = []
+    verdict: Verdict | None = None
     try:
-        return life.probed(
+        verdict = life.probed(
             record.slot,
             record,
             cast("bool | None", ok),
@@ -584,12 +598,8 @@ def _probed(
             doomed,
         )
     finally:
-        run_each(
-            (
-                *(functools.partial(close_soon, closer, r) for r in doomed),
-                functools.partial(loosen, life),
-            )
-        )
+        closing(life, closer, verdict, doomed)
+    return verdict
 
 
 def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
@@ -608,13 +618,17 @@ def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
         )
 
 
-def say(name: str, verdict: Verdict) -> None:
+def say(name: str, verdict: Verdict | None) -> None:
     """Send *verdict*'s events: retired now, or deferred by the backoff.
 
-    A healing retirement starts the backoff (said in its ``retired``
-    record); one deferred by it lengthens it: the backoff is engaged. One
-    whose client outlived it shortens it again: the backoff is reset.
+    Every retirement's ``retired`` event is sent here, once, by the driver
+    that carries it out, before it closes the client. A healing
+    retirement starts the backoff (said in its ``retired`` record); one
+    deferred by it lengthens it: the backoff is engaged. One whose client
+    outlived it shortens it again: the backoff is reset.
     """
+    if verdict is None:
+        return
     if verdict.retired:
         before, after = verdict.backoff or (0.0, 0.0)
         events.retired(
@@ -631,6 +645,18 @@ def say(name: str, verdict: Verdict) -> None:
             events.backoff_reset(name, verdict.key, after, before)
     elif verdict.delay is not None:
         events.deferred(name, verdict.key, verdict.reason, verdict.delay)
+
+
+def forked(life: Lifecycle[Any]) -> None:
+    """In a forked child: say the fork's retirements, once.
+
+    The at-fork hook logs nothing (I6): the lifecycle keeps them
+    (``Lifecycle.forked``) until the child's first build, or its
+    ``close_all()``, says them here. Off the hit path.
+    """
+    if life.forked:
+        for verdict in life.take_forked():
+            say(life.name, verdict)
 
 
 def matcher(

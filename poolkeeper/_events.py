@@ -4,17 +4,21 @@ Each event is a record on the ``poolkeeper`` logger, with its fields in
 ``extra`` (``poolkeeper_singleton``, ``poolkeeper_event``,
 ``poolkeeper_key``: the key's fingerprint, never the key; and the event's
 own fields), and, with the ``otel`` extra installed, a value on an
-OpenTelemetry instrument of the meter ``poolkeeper``. Levels: builds and
-closes DEBUG; a deferral and a backoff reset INFO; failures, a healing
-retirement and the healing backoff engaged WARNING.
+OpenTelemetry instrument of the meter ``poolkeeper``. Levels: builds,
+closes and the retirements no failure caused (key, reset, close_all,
+loop_end, fork) DEBUG; a deferral, a backoff reset and a retirement for
+age (max_age) INFO; failures, the other healing retirements (retire,
+retire_on, check) and the healing backoff engaged WARNING.
 
-The drivers and the closer call these, with no lock held, on builds and
-closes only: nothing here runs per call or per lease. The lifecycle never
-calls them (it does no I/O). OpenTelemetry is imported on the first event,
-never by ``import poolkeeper``; without it installed, an event costs one
-cached check. Counts that only the lifecycle holds (retirements by reason,
-fork's included; clients live and retired; leases) are observed from the
-registry when a reader collects, not recorded per event.
+The drivers, the registry and the closer call these, with no lock held,
+on builds, retirements and closes only: nothing here runs per call or per
+lease. The lifecycle never calls them (it does no I/O); its verdicts say
+what was retired, and the driver that carries a retirement out says it
+(``_builds.say``) before it closes the client. OpenTelemetry is imported
+on the first event, never by ``import poolkeeper``; without it installed,
+an event costs one cached check. What only the lifecycle holds now
+(clients live and retired; leases) is observed from the registry when a
+reader collects, not recorded per event.
 """
 
 from __future__ import annotations
@@ -116,9 +120,11 @@ def retired(  # noqa: PLR0913 -- what a retirement says.
     *,
     backoff: float,
 ) -> None:
-    """A client was retired: WARNING for healing, DEBUG otherwise.
+    """A client was retired, for any reason; counted by reason.
 
-    *backoff*: the healing backoff its successor has, in seconds.
+    WARNING when healing found it broken (retire, retire_on, check),
+    INFO when it reached its max_age, DEBUG otherwise. *backoff*: the
+    healing backoff its successor has, in seconds.
     """
     extra = {
         **_fields(name, "retired", key),
@@ -128,7 +134,8 @@ def retired(  # noqa: PLR0913 -- what a retirement says.
         "poolkeeper_backoff": backoff,
     }
     if reason in HEALING:
-        log.warning(
+        log.log(
+            logging.INFO if reason == "max_age" else logging.WARNING,
             "Retired %s (reason %s, error %s, age %.3f s); the next call "
             "builds a new client.",
             name,
@@ -145,6 +152,12 @@ def retired(  # noqa: PLR0913 -- what a retirement says.
             age,
             extra=extra,
         )
+    made = instruments()
+    if made is not None:
+        with _quiet():
+            made.retirements.add(
+                1, {"poolkeeper.singleton": name, "poolkeeper.reason": reason}
+            )
 
 
 def deferred(name: str, key: str | None, reason: str, delay: float) -> None:
@@ -263,22 +276,27 @@ def _fields(name: str, event: str, key: str | None) -> dict[str, Any]:
 class Instruments:
     """The synchronous instruments; the observable ones report by callback."""
 
-    __slots__ = ("build_duration", "builds", "closes")
+    __slots__ = ("build_duration", "builds", "closes", "retirements")
 
     def __init__(
-        self, builds: Counter, build_duration: Histogram, closes: Counter
+        self,
+        builds: Counter,
+        build_duration: Histogram,
+        closes: Counter,
+        retirements: Counter,
     ) -> None:
         self.builds = builds
         self.build_duration = build_duration
         self.closes = closes
+        self.retirements = retirements
 
 
 _lock = threading.Lock()
 #: None until the first event; then False (no OpenTelemetry) or the set.
 _made: Instruments | bool | None = None
 #: The registry's view, installed by _registry (no import cycle): yields
-#: (name, live, retired, leases, retirements by reason) per singleton.
-census: Callable[[], Iterable[tuple[str, int, int, int, dict[str, int]]]]
+#: (name, live clients, retired clients, leases) per singleton.
+census: Callable[[], Iterable[tuple[str, int, int, int]]]
 census = tuple
 #: Whether watch() asked for the process's descriptors and threads.
 _process_gauges = False
@@ -329,12 +347,11 @@ def _make() -> Instruments | bool:
             unit="{client}",
             description="Retired clients closed, by outcome.",
         ),
-    )
-    meter.create_observable_counter(
-        "poolkeeper.client.retirements",
-        callbacks=[_observe_retirements],
-        unit="{client}",
-        description="Clients retired, by reason.",
+        meter.create_counter(
+            "poolkeeper.client.retirements",
+            unit="{client}",
+            description="Clients retired, by reason.",
+        ),
     )
     meter.create_observable_gauge(
         "poolkeeper.client.open",
@@ -443,19 +460,10 @@ def _observations(
     return [Observation(value, attributes) for value, attributes in rows]
 
 
-def _observe_retirements(options: CallbackOptions) -> list[Observation]:
-    del options
-    return _observations(
-        (n, {"poolkeeper.singleton": name, "poolkeeper.reason": reason})
-        for name, _, _, _, counts in census()
-        for reason, n in counts.items()
-    )
-
-
 def _observe_open(options: CallbackOptions) -> list[Observation]:
     del options
     rows: list[tuple[float, dict[str, str]]] = []
-    for name, live, retired, _, _ in census():
+    for name, live, retired, _ in census():
         rows.append(
             (live, {"poolkeeper.singleton": name, "poolkeeper.state": "live"})
         )
@@ -472,7 +480,7 @@ def _observe_leases(options: CallbackOptions) -> list[Observation]:
     del options
     return _observations(
         (leases, {"poolkeeper.singleton": name})
-        for name, _, _, leases, _ in census()
+        for name, _, _, leases in census()
     )
 
 

@@ -280,6 +280,9 @@ class Lifecycle(Generic[T]):
         # Bumped by every change of a subscribed environment variable.
         self.epoch = 0
         self.fork_errors: list[BaseException] = []
+        # A forked child's retirements (reason "fork") not yet said: the
+        # child's first use says them (see take_forked).
+        self.forked: tuple[Verdict, ...] = ()
         # Closes decided but not started (see I5).
         self.owed: tuple[Record[Any], ...] = ()
         # Ageing and probing (set by the decorator): seconds, or None.
@@ -531,6 +534,7 @@ class Lifecycle(Generic[T]):
         retired, out, state, box = self._retire(slot, old, keep=new)
         owed, builds = (*self.owed, *out), self.builds + 1
         counts = self.retirements if old is None else self._counted("key")
+        said = None if old is None else self._said(old, "key")
         stores(
             (slot, "live", new),
             (slot, "build", build),
@@ -544,9 +548,27 @@ class Lifecycle(Generic[T]):
             (slot, "cause", None),
             (slot, "probe", None),
             (ticket, "record", new),
+            (ticket, "retired", said),
             (ticket, "finished", True),
             (self, "owed", owed),
             items=((doomed, ALL, out),),
+        )
+
+    @staticmethod
+    def _said(record: Record[Any], reason: str) -> Verdict:
+        """The verdict of *record*'s retirement now: what its event says.
+
+        For the retirements that no caller's verdict carries (a key
+        rotation, ``close_all()``, a loop's end, a fork); mutates nothing.
+        """
+        return Verdict(
+            retired=True,
+            delay=None,
+            age=time.monotonic() - record.built_at,
+            reason=reason,
+            error=None,
+            sequence=record.sequence,
+            key=record.fingerprint,
         )
 
     @locked
@@ -715,10 +737,17 @@ class Lifecycle(Generic[T]):
     # -- ends ----------------------------------------------------------------
 
     @locked
-    def close_slot(self, slot: Slot, doomed: list[Record[Any]]) -> None:
+    def close_slot(
+        self,
+        slot: Slot,
+        doomed: list[Record[Any]],
+        said: list[Verdict] | None = None,
+    ) -> None:
         """Retire everything *slot* holds, leased or not, and forget it.
 
-        For a loop that ends: its clients are closed even if leased.
+        For a loop that ends: its clients are closed even if leased. The
+        live client's retirement (reason "loop_end") goes to *said* in the
+        commit, for the driver's ``retired`` event.
         """
         self._disarm()
         out = [r for r in (slot.live, *slot.retired) if r is not None]
@@ -740,7 +769,9 @@ class Lifecycle(Generic[T]):
             del self.slots[slot.key]
         kept = (r for r in self.owed if r.slot is not slot)
         owed = (*kept, *close)
-        counts = self._counted("loop_end", 0 if slot.live is None else 1)
+        live = slot.live
+        counts = self._counted("loop_end", 0 if live is None else 1)
+        told = () if live is None else (self._said(live, "loop_end"),)
         stores(
             (slot, "live", None),
             (slot, "retired", ()),
@@ -748,7 +779,10 @@ class Lifecycle(Generic[T]):
             (slot, "deferred", None),
             (self, "owed", owed),
             (self, "retirements", counts),
-            items=((doomed, ALL, close),),
+            items=(
+                (doomed, ALL, close),
+                ([] if said is None else said, ALL, told),
+            ),
         )
 
     @locked
@@ -1052,10 +1086,17 @@ class Lifecycle(Generic[T]):
         )
 
     @locked
-    def detach(self, doomed: list[Record[T]]) -> None:
-        """Retire every slot's live client, ignoring the rate limit."""
+    def detach(
+        self, doomed: list[Record[T]], said: list[Verdict] | None = None
+    ) -> None:
+        """Retire every slot's live client, ignoring the rate limit.
+
+        Each retirement's verdict goes to *said* in its commit, for the
+        driver's ``retired`` event.
+        """
         self._disarm()
         out: list[Record[T]] = []
+        told: list[Verdict] = [] if said is None else said
         for slot in list(self.slots.values()):
             live = slot.live
             if live is None:
@@ -1063,6 +1104,7 @@ class Lifecycle(Generic[T]):
             retired, more, state, box = self._retire(slot, live, None)
             owed = (*self.owed, *more)
             counts = self._counted("close_all")
+            end = len(told)
             stores(
                 (slot, "live", None),
                 (slot, "retired", retired),
@@ -1071,6 +1113,9 @@ class Lifecycle(Generic[T]):
                 (box, "state", state),
                 (self, "owed", owed),
                 (self, "retirements", counts),
+                items=(
+                    (told, slice(end, end), (self._said(live, "close_all"),)),
+                ),
             )
             out.extend(more)
         doomed[:] = out
@@ -1242,7 +1287,7 @@ class Lifecycle(Generic[T]):
             self.pid = os.getpid()
             return []
         abandoned = list(self._holders())
-        live = sum(slot.live is not None for slot in self.slots.values())
+        gone = [s.live for s in self.slots.values() if s.live is not None]
         for record in abandoned:
             record.open, record.state = False, ClientState.ABANDONED
         for slot in self.slots.values():
@@ -1253,6 +1298,23 @@ class Lifecycle(Generic[T]):
         self.slots = {k: s for k, s in self.slots.items() if k is None}
         self._zero()
         # The child's counters start at zero, but for the live clients
-        # it abandoned at the fork.
-        self.retirements["fork"] = live
+        # it abandoned at the fork; their events wait for the child's
+        # first use of the singleton (take_forked): nothing logs here.
+        self.retirements["fork"] = len(gone)
+        self.forked = tuple(self._said(record, "fork") for record in gone)
         return abandoned
+
+    @locked
+    def take_forked(self) -> tuple[Verdict, ...]:
+        """The fork's retirements not yet said, once: then none.
+
+        Lock-free callers check ``forked`` first (a tuple, replaced in one
+        store); this takes it under the lock, so that two threads of the
+        child say each retirement once between them.
+        """
+        forked = self.forked
+        if forked:
+            stores(
+                (self, "forked", ()),
+            )
+        return forked

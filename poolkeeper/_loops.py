@@ -43,6 +43,7 @@ import weakref
 from asyncio import _get_running_loop
 from typing import TYPE_CHECKING, Any, cast, final
 
+from poolkeeper._builds import say
 from poolkeeper._close import arun_each
 from poolkeeper._identity import no_arguments
 
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
     from poolkeeper._close import Closer
     from poolkeeper._lifecycle import Lifecycle, Record, Slot
+    from poolkeeper._records import Verdict
 
 # Before 3.12, asyncio's _get_running_loop() calls getpid() (a system call)
 # each time. There an asyncio loop's record of the thread it runs on (None
@@ -249,13 +251,18 @@ async def _until_loop_ends(
             closing = not slot.dropped
             if closing:
                 doomed: list[Record[Any]] = []
-                life.close_slot(slot, doomed)
+                said: list[Verdict] = []
+                life.close_slot(slot, doomed, said)
                 slot.hook = None
-                # Every one of them, whatever one close raises.
-                await arun_each(
-                    functools.partial(closer.aclose, record)
-                    for record in sorted(doomed, key=lambda r: -r.sequence)
-                )
+                try:  # Said, then closed.
+                    for verdict in said:
+                        say(life.name, verdict)
+                finally:
+                    # Every one of them, whatever one close raises.
+                    await arun_each(
+                        functools.partial(closer.aclose, record)
+                        for record in sorted(doomed, key=lambda r: -r.sequence)
+                    )
         except BaseException as exc:  # noqa: BLE001 -- raised below.
             # Raised by the last loop-end close of this loop: raised now, a
             # KeyboardInterrupt would stop the loop before the others ran.
@@ -271,12 +278,16 @@ async def _until_loop_ends(
 def drop(life: Lifecycle[Any], slot: Slot, lost: list[Record[Any]]) -> None:
     """Forget the slot of a loop that ended without closing it."""
     doomed: list[Record[Any]] = []
-    life.close_slot(slot, doomed)
+    said: list[Verdict] = []
+    life.close_slot(slot, doomed, said)
     lost.extend(doomed)
     agen, slot.hook = slot.hook, None
     if agen is not None:
         with contextlib.suppress(StopIteration, RuntimeError):
             cast("Any", agen).aclose().send(None)
+    # Its clients are never closed (the caller reports them unclosed).
+    for verdict in said:
+        say(life.name, verdict)
 
 
 def prune(life: Lifecycle[Any], lost: list[Record[Any]]) -> None:

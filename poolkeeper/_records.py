@@ -196,6 +196,7 @@ class Ticket:
         "name",
         "owner",
         "record",
+        "retired",
         "slot",
     )
 
@@ -215,6 +216,9 @@ class Ticket:
         self.done = done
         self.name = name
         self.record: Record[Any] | None = None
+        # The retirement of the client this build replaced (its key
+        # changed), stored with the build's commit: the driver says it.
+        self.retired: Verdict | None = None
         self.error: BaseException | None = None
         self.finished = False
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from poolkeeper._close import Closer
     from poolkeeper._lifecycle import Lifecycle, Record
+    from poolkeeper._records import Verdict
 
 
 class Entry:
@@ -78,25 +79,23 @@ abandoned: list[object] = []
 fork_notes: list[str] | None = None
 
 
-def census() -> list[tuple[str, int, int, int, dict[str, int]]]:
-    """Per singleton name: live and retired clients, leases, retirements.
+def census() -> list[tuple[str, int, int, int]]:
+    """Per singleton name: live and retired clients, and leases.
 
     For OpenTelemetry's observable instruments (see _events), read
     lock-free when a reader collects. Singletons of one name add up.
     """
-    rows: dict[str, tuple[int, int, int, dict[str, int]]] = {}
+    rows: dict[str, tuple[int, int, int]] = {}
     for entry in list(_entries):
         life = entry.life
         slots = list(life.slots.values())
         live = sum(slot.live is not None for slot in slots)
         retired = sum(len(slot.retired) for slot in slots)
         leases = sum(r.leases + len(r.pins) for r in life.holders())
-        counts = dict(life.retirements)
         if life.name in rows:
-            a, b, c, before = rows[life.name]
+            a, b, c = rows[life.name]
             live, retired, leases = live + a, retired + b, leases + c
-            counts = {k: n + before.get(k, 0) for k, n in counts.items()}
-        rows[life.name] = (live, retired, leases, counts)
+        rows[life.name] = (live, retired, leases)
     return [(name, *row) for name, row in rows.items()]
 
 
@@ -151,31 +150,44 @@ def _drain() -> None:
             continue
         held: list[bool] = []
         doomed: list[tuple[Record[Any], Closer]] = []
+        said: list[tuple[str, Verdict]] = []
         try:
             held.extend(map(lock.acquire, _NO_WAIT))
             if held[0]:
                 # Only the decision is made under the lock: a close needs it
                 # (to claim its record), perhaps on another loop's thread.
-                doomed = _detach([entry])
+                doomed = _detach([entry], said)
             else:
                 _orphans.append(entry)
         finally:
             if held and held[0]:
                 lock.release()
-        # Closed with no lock held, and never waited for on another thread
-        # or loop. Cut short before they began, they stay owed to
-        # close_all().
-        run_each(functools.partial(close_soon, c, r) for r, c in doomed)
+        # Said, then closed, with no lock held, and never waited for on
+        # another thread or loop. Cut short before they began, they stay
+        # owed to close_all().
+        run_each(
+            (
+                functools.partial(_say, said),
+                *(functools.partial(close_soon, c, r) for r, c in doomed),
+            )
+        )
 
 
-def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
+def _detach(
+    entries: list[Entry], said: list[tuple[str, Verdict]]
+) -> list[tuple[Record[Any], Closer]]:
+    # What it retired goes to *said*, for the caller to say (_say) before
+    # it closes the records returned, with no lock held.
     doomed: list[tuple[Record[Any], Closer]] = []
     for entry in entries:
+        life = entry.life
         out: list[Record[Any]] = []
         if entry.prune is not None:
             entry.prune(out)
         more: list[Record[Any]] = []
-        entry.life.detach(more)
+        told: list[Verdict] = [*life.take_forked()] if life.forked else []
+        life.detach(more, told)
+        said.extend((life.name, verdict) for verdict in told)
         out.extend(more)
         # A lease dropped without exiting releases its pin when collected.
         loosen(entry.life)
@@ -187,10 +199,21 @@ def _detach(entries: list[Entry]) -> list[tuple[Record[Any], Closer]]:
     return doomed
 
 
+def _say(said: list[tuple[str, Verdict]]) -> None:
+    run_each(functools.partial(_builds.say, *pair) for pair in said)
+
+
 def _close(entries: list[Entry]) -> None:
+    said: list[tuple[str, Verdict]] = []
+    doomed = _detach(entries, said)
     run_each(
-        functools.partial(close_anywhere, closer, record)
-        for record, closer in _detach(entries)
+        (
+            functools.partial(_say, said),
+            *(
+                functools.partial(close_anywhere, closer, record)
+                for record, closer in doomed
+            ),
+        )
     )
 
 
@@ -255,10 +278,15 @@ async def aclose_all() -> None:
     .. versionadded:: 0.1
     """
     entries = under(_lock, list, _entries)
-    await arun_each(
-        functools.partial(aclose_anywhere, closer, record)
-        for record, closer in _detach(entries)
-    )
+    said: list[tuple[str, Verdict]] = []
+    doomed = _detach(entries, said)
+    try:
+        _say(said)
+    finally:
+        await arun_each(
+            functools.partial(aclose_anywhere, closer, record)
+            for record, closer in doomed
+        )
 
 
 def _after_fork_in_child() -> None:

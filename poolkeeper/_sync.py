@@ -30,6 +30,7 @@ from poolkeeper._builds import (
     read_key,
     refuse_coroutine,
     report,
+    say,
     settle,
     unprobe,
     waiting,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
-    from poolkeeper._records import Statistics
+    from poolkeeper._records import Statistics, Verdict
 
     # wrapt ships no type information: type checkers see this plain class
     # and the generic signature below, the runtime gets wrapt's C proxy.
@@ -306,10 +307,11 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             try:
                 run.end()
             finally:
+                # Said (built, and what it retired), then closed.
                 try:
-                    self._close(run.doomed)
-                finally:
                     report(self._self_name, run, is_async=False)
+                finally:
+                    self._close(run.doomed)
         if ticket.record is not None:  # pragma: no branch -- injected.
             armed_timers(self._self_life, self._self_closer, ticket.record)
 
@@ -345,10 +347,11 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         """
         life, slot = self._self_life, self._self_slot
         doomed: list[Record[T]] = []
+        verdict: Verdict | None = None
         try:
             verdict = life.reset(slot, time.monotonic(), doomed)
         finally:
-            self._close(doomed)
+            self._said(verdict, doomed)
         return settle(life, self._self_closer, slot, verdict)
 
     def retire(self, client: T) -> bool:
@@ -380,13 +383,21 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     ) -> bool:
         life, slot = self._self_life, self._self_slot
         doomed: list[Record[T]] = []
+        verdict: Verdict | None = None
         try:
             verdict = life.heal(
                 slot, client, reason, error_name(error), monotonic(), doomed
             )
         finally:
-            self._close(doomed)
+            self._said(verdict, doomed)
         return settle(life, self._self_closer, slot, verdict)
+
+    def _said(self, verdict: Verdict | None, doomed: list[Record[T]]) -> None:
+        # A retirement is said (retired, or deferred), then closed.
+        try:
+            say(self._self_name, verdict)
+        finally:
+            self._close(doomed)
 
     def _retire_on(self, client: object, error: BaseException) -> None:
         # An exception escaping a lease or a proxy's method: retire its

@@ -121,21 +121,9 @@ def build(reason: str, outcome: str) -> tuple[str, frozenset]:
 def expected(name: str) -> dict:
     """What the scenario (see run_sync) leaves in the metrics."""
     del name
-    retirements = dict.fromkeys(
-        (
-            "key",
-            "fork",
-            "reset",
-            "retire",
-            "retire_on",
-            "check",
-            "max_age",
-            "close_all",
-            "loop_end",
-        ),
-        0,
-    )
-    retirements.update(key=2, reset=1, retire=1, close_all=1)
+    # A counter of retirements: a reason that never happened has no
+    # series (no zeros).
+    retirements = {"key": 2, "reset": 1, "retire": 1, "close_all": 1}
     found = {
         build("first", "success"): 1,
         build("key", "success"): 2,
@@ -299,6 +287,52 @@ def test_watch_reports_descriptors_and_threads(reader):
         os.close(w)
 
 
+#: What the scenario says, in order: each retirement is said before its
+#: client's close, and a build before what it retired (its key's).
+SCENARIO_EVENTS = (
+    ("built", "first", logging.DEBUG),
+    ("built", "key", logging.DEBUG),
+    ("retired", "key", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+    ("retired", "reset", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+    ("built", "reset", logging.DEBUG),
+    ("retired", "retire", logging.WARNING),
+    ("closed", None, logging.DEBUG),
+    ("built", "retire", logging.DEBUG),
+    ("build_failed", "key", logging.WARNING),
+    ("built", "key", logging.DEBUG),
+    ("retired", "key", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+    ("retired", "close_all", logging.DEBUG),
+    ("closed", None, logging.DEBUG),
+)
+
+
+def said(caplog, name: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if getattr(r, "poolkeeper_singleton", None) == name
+    ]
+
+
+def test_async_scenario_says_each_event_in_order(reader, monkeypatch, caplog):
+    del reader
+    name = f"events-alogs-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    asyncio.run(scenario_async(monkeypatch, name))
+    ours = said(caplog, name)
+    assert SCENARIO_EVENTS == tuple(
+        (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None), r.levelno)
+        for r in ours
+    )
+    for record in caplog.records:
+        text = repr(vars(record)) + record.getMessage()
+        for secret in SECRETS:
+            assert secret not in text
+
+
 def test_log_records_carry_fields_never_the_key(reader, monkeypatch, caplog):
     del reader
     name = f"events-logs-{uuid.uuid4().hex[:8]}"
@@ -317,24 +351,20 @@ def test_log_records_carry_fields_never_the_key(reader, monkeypatch, caplog):
         (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None), r.levelno)
         for r in ours
     ]
-    d, w = logging.DEBUG, logging.WARNING
-    assert events == [
-        ("built", "first", d),
-        ("closed", None, d),  # The first client, retired by the key.
-        ("built", "key", d),
-        ("closed", None, d),  # Closed at once, then the retirement said.
-        ("retired", "reset", d),
-        ("built", "reset", d),
-        ("closed", None, d),
-        ("retired", "retire", w),
-        ("built", "retire", d),
-        ("build_failed", "key", w),
-        ("closed", None, d),
-        ("built", "key", d),
-        ("closed", None, d),  # close_all.
-    ]
+    assert SCENARIO_EVENTS == tuple(events)
     fingerprints = {r.poolkeeper_key for r in ours}
     assert len(fingerprints) == 3
+    retired = [r for r in ours if r.poolkeeper_event == "retired"]
+    # Each names the retired client's key, by its fingerprint: the
+    # first key's client, three of the second's, the third's.
+    keys_built = [
+        r.poolkeeper_key for r in ours if r.poolkeeper_event == "built"
+    ]
+    a, b, c = keys_built[0], keys_built[1], keys_built[4]
+    assert len({a, b, c}) == 3
+    assert [r.poolkeeper_key for r in retired] == [a, b, b, b, c]
+    assert all(r.poolkeeper_age >= 0 for r in retired)
+    assert all(r.poolkeeper_error_type is None for r in retired)
     assert all(re.fullmatch("[0-9a-f]{12}", f) for f in fingerprints)
     for record in ours:
         assert record.poolkeeper_factory == name
@@ -429,54 +459,106 @@ def test_import_poolkeeper_imports_no_opentelemetry(mode):
         assert not [m for m in imported if m.startswith("opentelemetry.sdk")]
 
 
-def test_prometheus_scrape_finds_the_metrics(reader, monkeypatch):
-    """A demo-like workload, scraped over HTTP on 127.0.0.1."""
+#: A Prometheus text line: name, labels, value (no timestamp).
+SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scraped(url: str) -> tuple[str, dict[tuple[str, frozenset], float]]:
+    """The endpoint's text, and its samples by (name, labels)."""
+    assert url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(url, timeout=WAIT) as response:  # noqa: S310
+        text = response.read().decode()
+    found = {
+        (name, frozenset(LABEL.findall(labels or ""))): float(value)
+        for name, labels, value in SAMPLE.findall(text)
+    }
+    return text, found
+
+
+def series(
+    found: dict[tuple[str, frozenset], float], name: str, **labels: str
+) -> float:
+    """The sum of *name*'s samples whose labels include *labels*."""
+    want = set(labels.items())
+    return sum(
+        value
+        for (metric, have), value in found.items()
+        if metric == name and want <= have
+    )
+
+
+@pytest.mark.timeout(600)  # Loaded machines: see argv below.
+# The per-attempt phase leaks clients by design (the incident); one whose
+# create the time cap cut short is never closed, and its sockets warn
+# when collected, after the demo.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_prometheus_scrape_finds_the_metrics_during_the_demo(reader, tmp_path):
+    """The demo's workload, in-process, scraped over HTTP on 127.0.0.1.
+
+    The demo (adapters/daytona/demo, ``make demo``) runs its two phases
+    against its Daytona emulator on loopback: a client per attempt, then
+    ``daytona_client()``, which it resets at the end. A sampler scrapes
+    the exporter's endpoint every 0.1 s meanwhile, as Prometheus would.
+    """
     del reader
+    demo = pytest.importorskip("poolkeeper_daytona_demo", reason="make venv")
     server, thread = start_http_server(0, addr="127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    samples: list[dict[tuple[str, frozenset], float]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            samples.append(scraped(url)[1])
+
+    poolkeeper.watch("events_test_module:Nothing")
+    sampler = threading.Thread(target=sample)
     try:
-        port = server.server_address[1]
-        monkeypatch.setenv(VAR, SECRETS[0])
-        single = process_singleton(key=keys.env(VAR), name="events_prom")(
-            Factory()
-        )
-        poolkeeper.watch("events_test_module:Nothing")
-
-        def worker() -> None:
-            for _ in range(50):
-                with single.lease():
-                    pass
-
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT)
-        monkeypatch.setenv(VAR, SECRETS[1])  # A rotation mid-run.
-        single()
-        url = f"http://127.0.0.1:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=WAIT) as response:
-            text = response.read().decode()
+        before = scraped(url)[1]
+        sampler.start()
+        # Small, so that it ends once its attempts are made (about 8 s
+        # with the SDK's import); the per-phase cap only bounds a loaded
+        # machine's run (at load 16 on 2 cores the SDK's import alone
+        # took 143 s).
+        argv = ["demo", "--threads", "2", "--attempts", "8"]
+        argv += ["--seconds", "20", "--quiet", "--out", str(tmp_path)]
+        status = demo.main(argv)
     finally:
+        done.set()
+        sampler.join(WAIT)
+        text, after = scraped(url)
         server.shutdown()
         server.server_close()
         thread.join(WAIT)
-    for secret in SECRETS:
+    assert status == 0  # The demo's own verdict: pooled fds stayed flat.
+    for secret in (*SECRETS, "pooled-demo-key", "naive-demo-key"):
         assert secret not in text
-    assert re.search(
-        r"^poolkeeper_client_builds(_build)?_total\{[^}]*"
-        r'poolkeeper_reason="key"[^}]*poolkeeper_singleton="events_prom"'
-        r"[^}]*\} 1\.0$",
-        text,
-        re.MULTILINE,
-    ), text
-    assert "poolkeeper_client_build_duration_seconds_count" in text
-    assert re.search(
-        r"^process_open_file_descriptor_count\S* \d", text, re.MULTILINE
+    one = {"poolkeeper_singleton": "daytona_client"}
+
+    def delta(name: str, **labels: str) -> float:
+        labels = {**one, **labels}
+        return series(after, name, **labels) - series(before, name, **labels)
+
+    # The pooled phase built one client; the demo's end reset it.
+    reset = {"poolkeeper_reason": "reset"}
+    closed = {"poolkeeper_outcome": "success"}
+    assert delta("poolkeeper_client_builds_total") == 1, text
+    assert delta("poolkeeper_client_retirements_total", **reset) == 1, text
+    assert delta("poolkeeper_client_closes_total", **closed) == 1, text
+    assert delta("poolkeeper_client_build_duration_seconds_count") == 1
+    live = {"poolkeeper_state": "live"}
+    assert series(after, "poolkeeper_client_open", **one, **live) == 0
+    # During the run: the pooled client live in some scrape, and the
+    # descriptors the per-attempt phase leaked.
+    assert len(samples) >= 10
+    assert any(
+        series(s, "poolkeeper_client_open", **one, **live) == 1
+        for s in samples
     )
-    assert re.search(r"^process_thread_count\S* \d", text, re.MULTILINE)
-    assert (
-        "poolkeeper_client_open{" in text or "poolkeeper_client_open_" in text
-    )
+    fds = [series(s, "process_open_file_descriptor_count") for s in samples]
+    assert max(fds) > fds[0] + 8, fds
+    assert all(series(s, "process_thread_count") >= 1 for s in samples)
 
 
 PROXY_CHECK = textwrap.dedent(
@@ -563,7 +645,9 @@ class TestMetricsNeverRaise:
             record = add
 
         monkeypatch.setattr(
-            _events, "_made", _events.Instruments(Broken(), Broken(), Broken())
+            _events,
+            "_made",
+            _events.Instruments(Broken(), Broken(), Broken(), Broken()),
         )
         caplog.set_level(logging.DEBUG, logger="poolkeeper")
         single = process_singleton(name="events-broken-add")(Factory())
@@ -574,7 +658,8 @@ class TestMetricsNeverRaise:
             for r in caplog.records
             if r.getMessage() == "Recording a poolkeeper metric failed."
         ]
-        assert len(failures) == 2  # The build, then the close.
+        # The build, the retirement, then the close.
+        assert len(failures) == 3
 
 
 def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
@@ -622,3 +707,275 @@ def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
     ]
     assert [r.poolkeeper_reason for r in deferred] == ["retire"]
     assert deferred[0].levelno == logging.INFO
+
+
+# -- every retirement is one ``retired`` event ---------------------------
+
+
+def retirements_counted(reader, name: str, reason: str) -> int:
+    key = frozenset({"poolkeeper.reason": reason}.items())
+    return points(reader, name).get(("poolkeeper.client.retirements", key), 0)
+
+
+def sequence(caplog, name: str) -> list[tuple[str, str | None]]:
+    return [
+        (r.poolkeeper_event, getattr(r, "poolkeeper_reason", None))
+        for r in said(caplog, name)
+    ]
+
+
+def wait_for(caplog, name: str, event: tuple[str, str | None]) -> None:
+    deadline = time.monotonic() + WAIT
+    while event not in sequence(caplog, name):
+        assert time.monotonic() < deadline, sequence(caplog, name)
+        time.sleep(0.01)
+
+
+def retire_by_key(monkeypatch, caplog, name: str) -> object:
+    monkeypatch.setenv(VAR, SECRETS[0])
+    single = process_singleton(key=keys.env(VAR), name=name)(Factory())
+    single()
+    monkeypatch.setenv(VAR, SECRETS[1])
+    single()
+    return single
+
+
+def retire_by_reset(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name)(Factory())
+    single()
+    assert single.reset()
+    return single
+
+
+def retire_by_retire(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name)(Factory())
+    assert single.retire(single())
+    return single
+
+
+def retire_by_retire_on(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name, retire_on=ValueError)(Factory())
+    with pytest.raises(ValueError, match="broken"), single.lease():
+        raise ValueError("broken")
+    return single
+
+
+def retire_by_check(monkeypatch, caplog, name: str) -> object:
+    factory = Factory()
+
+    def check(client: object) -> bool:  # Only the first client fails.
+        return client is not factory.built[0]
+
+    single = process_singleton(name=name, check=check, check_every=0.02)(
+        factory
+    )
+    single()
+    deadline = time.monotonic() + WAIT
+    while ("retired", "check") not in sequence(caplog, name):
+        assert time.monotonic() < deadline
+        single()  # The call that finds the probe due runs it.
+        time.sleep(0.01)
+    return single
+
+
+def retire_by_max_age(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name, max_age=0.02)(Factory())
+    single()  # Not called again: no second client to age.
+    wait_for(caplog, name, ("retired", "max_age"))
+    wait_for(caplog, name, ("closed", None))
+    return single
+
+
+def retire_by_close_all(monkeypatch, caplog, name: str) -> object:
+    single = process_singleton(name=name)(Factory())
+    single()
+    poolkeeper.close_all()
+    return single
+
+
+def retire_by_loop_end(monkeypatch, caplog, name: str) -> object:
+    built: list[FakeClient] = []
+
+    async def factory() -> FakeClient:
+        built.append(FakeClient())
+        return built[-1]
+
+    single = process_singleton(name=name)(factory)
+
+    async def main() -> None:
+        await single()
+
+    asyncio.run(main())
+    assert built[0].closed
+    return single
+
+
+RETIREMENTS = {
+    "key": (retire_by_key, logging.DEBUG),
+    "reset": (retire_by_reset, logging.DEBUG),
+    "retire": (retire_by_retire, logging.WARNING),
+    "retire_on": (retire_by_retire_on, logging.WARNING),
+    "check": (retire_by_check, logging.WARNING),
+    "max_age": (retire_by_max_age, logging.INFO),
+    "close_all": (retire_by_close_all, logging.DEBUG),
+    "loop_end": (retire_by_loop_end, logging.DEBUG),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(RETIREMENTS))
+def test_every_retirement_is_one_event_said_before_its_close(
+    reader, monkeypatch, caplog, reason
+):
+    """A ``retired`` record and one count, then the client's close."""
+    name = f"events-{reason}-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    retire, level = RETIREMENTS[reason]
+    single = retire(monkeypatch, caplog, name)
+    wait_for(caplog, name, ("closed", None))
+    events = sequence(caplog, name)
+    retired = [
+        r for r in said(caplog, name) if r.poolkeeper_event == "retired"
+    ]
+    assert [r.poolkeeper_reason for r in retired] == [reason], events
+    assert retired[0].levelno == level
+    assert retired[0].poolkeeper_age >= 0
+    # Said before its client's close, which follows it.
+    assert events.index(("retired", reason)) < events.index(("closed", None))
+    assert retirements_counted(reader, name, reason) == 1
+    assert single.statistics().retirements[reason] == 1
+    for record in caplog.records:
+        text = repr(vars(record)) + record.getMessage()
+        for secret in SECRETS:
+            assert secret not in text
+
+
+FORK_CHILD_EVENTS = textwrap.dedent(
+    """
+    import json, logging, os, sys, threading
+
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    import poolkeeper
+
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = logging.getLogger("poolkeeper")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.DEBUG)
+
+    class Client:
+        def __init__(self):
+            self.closes = []
+
+        def close(self):
+            self.closes.append(os.getpid())
+
+    single = poolkeeper.process_singleton(name="forked")(Client)
+    parents = single()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        # Two threads of the child's first calls: one fork event.
+        threads = [threading.Thread(target=single) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        poolkeeper.close_all()
+        counted = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == "poolkeeper.client.retirements":
+                        for p in m.data.data_points:
+                            a = dict(p.attributes)
+                            counted[a["poolkeeper.reason"]] = p.value
+        said = [
+            (x.poolkeeper_event, getattr(x, "poolkeeper_reason", None),
+             x.levelname)
+            for x in records
+            if getattr(x, "poolkeeper_singleton", None) == "forked"
+        ]
+        out = {
+            "said": said,
+            "counted": counted,
+            "statistics": single.statistics().retirements["fork"],
+            "parents_closed": parents.closes,
+        }
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+    print(data.decode())
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
+def test_a_fork_retirement_is_said_once_in_the_child():
+    """The child says the fork's retirement once, never closing it."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_CHILD_EVENTS],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["parents_closed"] == []  # Abandoned, never closed.
+    assert out["statistics"] == 1
+    assert out["said"] == [
+        # The parent's build, before the fork (the child's copy).
+        ["built", "first", "DEBUG"],
+        ["retired", "fork", "DEBUG"],
+        ["built", "fork", "DEBUG"],
+        ["retired", "close_all", "DEBUG"],
+        ["closed", None, "DEBUG"],
+    ]
+    assert out["counted"] == {"fork": 1, "close_all": 1}
+
+
+def test_a_loop_closed_without_shutdown_is_said_when_pruned(reader, caplog):
+    """Its slot dropped at the next loop's first call: one ``loop_end``."""
+    name = f"events-pruned-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.DEBUG, logger="poolkeeper")
+    built: list[FakeClient] = []
+
+    async def factory() -> FakeClient:
+        built.append(FakeClient())
+        return built[-1]
+
+    single = process_singleton(name=name)(factory)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(single())
+    loop.close()  # Without shutdown_asyncgens(): nothing closed it.
+    assert sequence(caplog, name) == [("built", "first")]
+    with pytest.warns(poolkeeper.UnclosedClientWarning):
+        asyncio.run(single())  # Its first call prunes the closed loop.
+    assert sequence(caplog, name) == [
+        ("built", "first"),
+        ("retired", "loop_end"),
+        ("close_failed", None),  # Its loop is gone: never closed.
+        ("built", "first"),  # The new loop's slot.
+        ("retired", "loop_end"),  # asyncio.run()'s end.
+        ("closed", None),
+    ]
+    assert not built[0].closed
+    assert retirements_counted(reader, name, "loop_end") == 2
+    assert single.statistics().retirements["loop_end"] == 2

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import logging
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -90,3 +92,38 @@ class TestNameOption:
 
         with pytest.raises(error, match=r"name=.*make_client"):
             process_singleton(name=name)(make_client)
+
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+
+
+def private_imports(text: str) -> list[str]:
+    """Modules with a private part (``_x``) imported by *text*'s code."""
+    found = []
+    for block in re.findall(
+        r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL
+    ):
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found.extend(
+                name
+                for name in names
+                if any(
+                    part.startswith("_") and not part.startswith("__")
+                    for part in name.split(".")
+                )
+            )
+    return found
+
+
+@pytest.mark.skipif(not DOCS.is_dir(), reason="needs the repository's docs")
+def test_the_observability_page_uses_public_api_only():
+    """Its timeline runs the demo by its public entry point (issue 24)."""
+    text = (DOCS / "observability.md").read_text(encoding="utf-8")
+    assert "poolkeeper_daytona_demo.main(" in text
+    assert private_imports(text) == []
