@@ -227,7 +227,7 @@ def _outage(server: LoopbackServer, single: _Singleton) -> _Run:
     return run
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_an_outage_heals_within_the_bound_with_flat_fds(server):
     """10 s outage, 64 threads: <= 4 healing builds, fds flat, recovery."""
     first, cap = _lifecycle.BACKOFF_FIRST, _lifecycle.BACKOFF_CAP
