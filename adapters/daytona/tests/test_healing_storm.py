@@ -295,9 +295,11 @@ def test_healing_stays_bounded_where_a_client_per_attempt_leaks(storm_emu):
     assert run.recovered, run.recovery
     assert quiet
     assert released, (fd_count(), baseline)
-    # A client per attempt grows, by far more, over the same storm.
+    # A client per attempt, over the same storm, grows: by more than its
+    # threads' connections in flight could explain (both ends of one a
+    # thread), and steadily, where the pooled run did not grow.
+    assert naive.samples[-1] - naive_before > 2 * THREADS
     assert naive_growth > INCIDENT_FDS_PER_SECOND / 4
-    assert naive.samples[-1] - naive_before > 2 * (max(samples) - run.before)
 
 
 def test_the_bound_counts_the_doublings():
