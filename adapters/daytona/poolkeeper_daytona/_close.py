@@ -66,8 +66,9 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
     its connect thread; disable Socket.IO reconnection and disconnect; stop
     any reconnect loop and orphaned Socket.IO client of that dispatcher
     (found in python-socketio's and python-engineio's global registries);
-    cancel its leftover idle timers; clear both urllib3 pool managers; close
-    the ``httpx`` client; shut down the tracer provider if it owns one.
+    cancel its leftover idle timers; clear both urllib3 pool managers and
+    close their pools; close the ``httpx`` client; shut down the tracer
+    provider if it owns one.
 
     Idempotent and never raises: a failing step is logged at WARNING on the
     ``poolkeeper.daytona`` logger and the next step still runs. A missing
@@ -202,8 +203,7 @@ def _release(client: object, deadline: float, report: Report) -> None:
         if api is not None and not callable(clear):
             report(f"Daytona.{owner}.rest_client.pool_manager")
         elif callable(clear):
-            with _step(f"{owner} pool clear"):
-                clear()
+            _clear(owner, pools, clear)
     if report is unrecognised:  # A real client: its reuse warns.
         guard_reuse(managers)
     http = _attr(client, "_http_client", "Daytona._http_client", report)
@@ -218,6 +218,35 @@ def _release(client: object, deadline: float, report: Report) -> None:
     if callable(shutdown):
         with _step("tracer provider shutdown"):
             shutdown()
+
+
+def _clear(owner: str, manager: object, clear: Callable[[], None]) -> None:
+    """Clear a urllib3 ``PoolManager`` and close the pools it held."""
+    held = _pools_of(manager)
+    with _step(f"{owner} pool clear"):
+        clear()
+    for pool in held:
+        with _step(f"{owner} pool close"):
+            pool.close()
+
+
+def _pools_of(manager: object) -> list[Any]:
+    """The connection pools a urllib3 ``PoolManager`` holds now.
+
+    urllib3 2's ``PoolManager.clear()`` only forgets them: a pool's idle
+    connections close when the pool is garbage-collected, and an SDK
+    error or a response that a caller keeps holds its pool (their
+    ``pool`` and ``_pool``). So they are closed here, after the clear
+    (urllib3 1's clear closed them already: a second close is a no-op).
+    A connection in use is closed when it is handed back.
+    """
+    container = getattr(manager, "pools", None)
+    keys = getattr(container, "keys", None)
+    get = getattr(container, "get", None)
+    if not callable(keys) or not callable(get):
+        return []
+    found = [get(key) for key in list(keys())]
+    return [pool for pool in found if callable(getattr(pool, "close", None))]
 
 
 def _shutdown_subscriptions(

@@ -62,6 +62,28 @@ class TestCloseDaytona:
 
         assert wait_for(lambda: _released(daytona_emulator, "used", baseline))
 
+    def test_an_error_the_caller_keeps(
+        self, make_client, daytona_emulator, baseline
+    ):
+        """A kept SDK error holds its urllib3 pool, not the pool's sockets.
+
+        urllib3 2's ``PoolManager.clear()`` only forgets its pools; their
+        idle connections close when a pool is garbage-collected, and an
+        error or a response a caller keeps (a 404 here, a retry loop's
+        last error, a logged traceback) holds its pool. close_daytona
+        closes the pools themselves.
+        """
+        client = make_client(api_key="kept")
+        client.create()
+        with pytest.raises(daytona.DaytonaNotFoundError) as info:
+            client.get("no-such-sandbox")
+        kept = info.value
+
+        close_daytona(client)
+
+        assert wait_for(lambda: _released(daytona_emulator, "kept", baseline))
+        assert isinstance(kept, daytona.DaytonaNotFoundError)
+
     def test_twice_is_a_no_op(self, make_client, daytona_emulator, baseline):
         """A second close returns at once and changes nothing."""
         client = make_client(api_key="twice")
