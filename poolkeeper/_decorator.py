@@ -270,9 +270,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     Raises:
         TypeError: If the factory is not callable, takes required
             parameters, or is a generator or async generator function;
-            if an option is unknown, a hook is not callable, or
-            *retire_on* is neither exception types nor a predicate, or
-            *name* is not a string.
+            if an option is unknown, a hook is not callable, *check*
+            is an async function, *retire_on* is neither exception types
+            nor a predicate, or *name* is not a string.
         ValueError: If *fork*, *min_rebuild_interval*, *max_age* or
             *check_every* is out of range, *check_every* is given without
             *check*, or *name* is empty.
@@ -411,6 +411,17 @@ def validate_healing(
             f"process_singleton(check=...) for {name} must be a callable "
             f"taking the client and returning a bool, got "
             f"{type(check).__name__}."
+        )
+        raise TypeError(msg)
+    if inspect.iscoroutinefunction(check):
+        # Called, never awaited: its coroutine is truthy, so it would pass
+        # every probe, of a broken client too.
+        msg = (
+            f"process_singleton(check=...) for {name} is an async "
+            "function: the probe is a plain function client -> bool, "
+            "called (never awaited) on the event loop of an async "
+            "singleton. Pass a quick sync check such as "
+            "`lambda s: not s.closed`."
         )
         raise TypeError(msg)
     return CHECK_EVERY if every is None else every

@@ -301,3 +301,17 @@ class TestValidation:
     def test_check_every_defaults_to_thirty_seconds(self):
         single = process_singleton(check=bool)(Factory())
         assert 30.0 == single._self_life.check_every
+
+    def test_an_async_check_is_refused(self):
+        # The probe is called, never awaited: a coroutine is truthy, so an
+        # async check would pass every probe of a broken client.
+        async def check(client: FakeClient) -> bool:
+            return not client.closed
+
+        async def make() -> FakeClient:
+            return FakeClient()
+
+        with pytest.raises(
+            TypeError, match=r"check=.*for .*make is an async.*plain"
+        ):
+            process_singleton(check=check)(make)
