@@ -272,9 +272,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     Raises:
         TypeError: If the factory is not callable, takes required
             parameters, or is a generator or async generator function;
-            if an option is unknown, a hook is not callable, or
-            *retire_on* is neither exception types nor a predicate, or
-            *name* is not a string.
+            if an option is unknown, a hook is not callable, *check*
+            is an async function, *retire_on* is neither exception types
+            nor a predicate, or *name* is not a string.
         ValueError: If *fork*, *min_rebuild_interval*, *max_age* or
             *check_every* is out of range, *check_every* is given without
             *check*, or *name* is empty.

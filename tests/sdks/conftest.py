@@ -7,6 +7,7 @@ crashed test run by more than LIFETIME seconds.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import importlib.util
 import itertools
@@ -172,6 +173,69 @@ def _redis_server(tmp_path_factory):
     server.admin = admin
     yield server
     admin.close()
+    server.stop()
+
+
+class OwnRedis:
+    """A redis-server of one test's own: killed, paused, started again.
+
+    Always on the same port, so that a client built before an outage
+    reaches the server that comes back.
+    """
+
+    def __init__(self, binary, tmp):
+        self.binary = binary
+        self.tmp = tmp
+        self.port = _free_port()
+        self.server = None
+
+    def start(self):
+        import redis
+
+        process, log = _spawn(
+            f"redis-{self.port}",
+            [
+                *(self.binary, "--port", str(self.port)),
+                *("--bind", "127.0.0.1", "--save", "", "--appendonly"),
+                *("no", "--dir", str(self.tmp)),
+            ],
+            self.tmp,
+        )
+        self.server = Server("redis", self.port, process, log)
+        admin = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        try:
+            _wait(self.server, admin.ping)
+        finally:
+            admin.close()
+
+    def kill(self):
+        """SIGKILL the server: its connections end, the port refuses."""
+        os.killpg(self.server.process.pid, signal.SIGKILL)
+        self.server.stop()
+
+    def pause(self):
+        """SIGSTOP it: connected, but it answers nothing."""
+        os.killpg(self.server.process.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.killpg(self.server.process.pid, signal.SIGCONT)
+
+    def stop(self):
+        if self.server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.resume()
+            self.server.stop()
+
+
+@pytest.fixture(name="own_redis")
+def _own_redis(tmp_path):
+    """A redis-server for one test, which it may kill or pause."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = OwnRedis(binary, tmp_path)
+    server.start()
+    yield server
     server.stop()
 
 
