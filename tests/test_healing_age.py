@@ -15,6 +15,7 @@ import pytest
 from helpers import WAIT, Factory, FakeClient, wait_until
 from test_hit_frames import frames_of
 
+import poolkeeper
 from poolkeeper import _builds, _lifecycle, process_singleton
 
 #: Slack for a busy machine (2 cores shared with other agents).
@@ -277,6 +278,41 @@ class TestCheck:
         stats = single.statistics()
         assert 1 == stats.retirements["check"]
         assert 1 == stats.probe_failures
+
+
+class TestTimers:
+    @pytest.mark.xfail(
+        strict=True,
+        reason="a retired client's max_age and check timers are not "
+        "cancelled: each sleeps out its max_age/check_every",
+    )
+    def test_timers_of_retired_clients_end_with_them(self):
+        # Each build arms a max_age and a check timer (a thread each). A
+        # retired client's timers find nothing to do when they fire;
+        # until then they are threads. Twenty resets, then close_all():
+        # none of this singleton's timers should be left sleeping.
+        single = process_singleton(
+            max_age=60.0, check=lambda c: True, check_every=30.0
+        )(Factory())
+        life = single._self_life
+
+        def timers() -> int:
+            return sum(
+                isinstance(t, threading.Timer)
+                and (
+                    life in t.args
+                    or getattr(t.function, "__self__", None) is life
+                )
+                for t in threading.enumerate()
+            )
+
+        for _ in range(20):
+            single()
+            assert single.reset()
+        single()
+        assert 42 == timers()
+        poolkeeper.close_all()
+        assert wait_until(lambda: 0 == timers(), 2.0), timers()
 
 
 class TestValidation:
