@@ -17,6 +17,7 @@ import pytest
 from helpers import WAIT, Factory, FakeClient, wait_until
 from test_hit_frames import frames_of
 
+import poolkeeper
 from poolkeeper import _builds, _lifecycle, process_singleton
 
 #: Slack for a busy machine (2 cores shared with other agents).
@@ -550,6 +551,37 @@ class TestAsyncProbeHandedOutCutShort:
             assert [os.getpid()] == client.closes, inject.fired
 
         asyncio.run(main())
+
+
+class TestTimers:
+    def test_timers_of_retired_clients_end_with_them(self):
+        # Each build arms a max_age and a check timer (a thread each). A
+        # retired client's timers find nothing to do when they fire;
+        # until then they are threads. Twenty resets, then close_all():
+        # none of this singleton's timers should be left sleeping.
+        single = process_singleton(
+            max_age=60.0, check=lambda c: True, check_every=30.0
+        )(Factory())
+        life = single._self_life
+
+        def timers() -> int:
+            return sum(
+                isinstance(t, threading.Timer)
+                and (
+                    life in t.args
+                    or getattr(t.function, "__self__", None) is life
+                )
+                for t in threading.enumerate()
+            )
+
+        for _ in range(20):
+            single()
+            assert single.reset()
+        single()
+        # The live client's two; the retired ones' were cancelled at close.
+        assert wait_until(lambda: 2 == timers(), 2.0), timers()
+        poolkeeper.close_all()
+        assert wait_until(lambda: 0 == timers(), 2.0), timers()
 
 
 class TestValidation:
