@@ -10,15 +10,18 @@ rows. The difference, divided by ``--calls``, is one call's cost, start-up
 and set-up excluded; every row of a kind pays the same driving overhead,
 so a row's ratio is to its baseline measured the same way.
 
-Rows: a ``functools.cache`` hit; a built singleton's hit with no key,
-``keys.env``, ``keys.file``, ``(keys.env, keys.file)``, a polled callable
-key, and ``poolkeeper_daytona.daytona_client()`` (when the adapter is
-installed); ``with single.lease():`` (inside a function, whose own call,
-about 400 instructions, the row includes); ``await single()`` of an async
-singleton, and awaiting a plain ``async def`` (the async rows' baseline);
-a write of a new value to an environment variable one armed ``keys.env``
-singleton watches, against the same write through ``os.environ``'s own
-class. The C function names are CPython 3.11's (they may differ elsewhere).
+Rows: a ``functools.cache`` hit; a built singleton's hit with no key
+(also with ``max_age=`` and ``check=`` set, and with an OpenTelemetry
+SDK meter provider set: each against the no-key row), ``keys.env``,
+``keys.file``, ``(keys.env, keys.file)``, a polled callable key, and
+``poolkeeper_daytona.daytona_client()`` (when the adapter is installed);
+``with single.lease():`` (inside a function, whose own call, about 400
+instructions, the row includes); ``await single()`` of an async
+singleton, and awaiting a plain ``async def`` (the async rows'
+baseline); a write of a new value to an environment variable one armed
+``keys.env`` singleton watches, against the same write through
+``os.environ``'s own class. The C function names are CPython 3.11's
+(they may differ elsewhere).
 
 Needs ``valgrind`` (Debian's package). Run it from the repository root::
 
@@ -58,6 +61,8 @@ ENV = "POOLKEEPER_CALLGRIND_KEY"
 ROWS = (
     ("functools.cache hit", None),
     ("no key", "functools.cache hit"),
+    ("no key, max_age + check", "no key"),
+    ("no key, OpenTelemetry provider set", "no key"),
     ("keys.env", "functools.cache hit"),
     ("keys.file", "functools.cache hit"),
     ("(keys.env, keys.file)", "functools.cache hit"),
@@ -72,7 +77,9 @@ ROWS = (
 )
 
 
-def _sync_call(row: str, scratch: Path) -> Callable[[], object] | None:
+def _sync_call(  # noqa: PLR0911 -- a row each.
+    row: str, scratch: Path
+) -> Callable[[], object] | None:
     """Return a zero-argument callable for *row*, its client built."""
     from poolkeeper import keys, process_singleton
 
@@ -102,6 +109,20 @@ def _sync_call(row: str, scratch: Path) -> Callable[[], object] | None:
     }
     if row in {"os.environ write (no watcher)", "watched os.environ write"}:
         return _env_write(row, watched=row.startswith("watched"))
+    if row == "no key, max_age + check":
+        # Neither comes due while counted: what the options cost a call.
+        return process_singleton(max_age=3600, check=bool, check_every=3600)(
+            factory
+        )
+    if row == "no key, OpenTelemetry provider set":
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        metrics.set_meter_provider(
+            MeterProvider(metric_readers=[InMemoryMetricReader()])
+        )
+        return process_singleton(factory)
     if row == "with single.lease()":
         leased = process_singleton(factory)
 
@@ -203,8 +224,13 @@ def _count(row: str, calls: int, scratch: Path) -> int | None:
         text=True,
         check=False,
         timeout=900,
-        # A fixed hash seed: the start-up's instructions do not vary.
-        env={**os.environ, "PYTHONHASHSEED": "0"},
+        # A fixed hash seed: the start-up's instructions do not vary. No
+        # coverage in the child (a suite run under coverage starts it in
+        # subprocesses): its tracer would be counted in every frame.
+        env={
+            **{k: v for k, v in os.environ.items() if "COVERAGE" not in k},
+            "PYTHONHASHSEED": "0",
+        },
     )
     if done.returncode == 3:
         return None
