@@ -6,9 +6,9 @@ Each event is a record on the ``poolkeeper`` logger, with its fields in
 own fields), and, with the ``otel`` extra installed, a value on an
 OpenTelemetry instrument of the meter ``poolkeeper``. Levels: builds,
 closes and the retirements no failure caused (key, reset, close_all,
-loop_end, fork) DEBUG; a deferral, a backoff reset and a retirement for
-age (max_age) INFO; failures, the other healing retirements (retire,
-retire_on, check) and the healing backoff engaged WARNING.
+loop_end, fork) DEBUG; a deferral and a backoff reset INFO; failures,
+the healing retirements (retire, retire_on, check, max_age) and the
+healing backoff engaged WARNING.
 
 The drivers, the registry and the closer call these, with no lock held,
 on builds, retirements and closes only: nothing here runs per call or per
@@ -122,8 +122,8 @@ def retired(  # noqa: PLR0913 -- what a retirement says.
 ) -> None:
     """A client was retired, for any reason; counted by reason.
 
-    WARNING when healing found it broken (retire, retire_on, check),
-    INFO when it reached its max_age, DEBUG otherwise. *backoff*: the
+    WARNING for a healing retirement (retire, retire_on, check,
+    max_age), DEBUG otherwise. *backoff*: the
     healing backoff its successor has, in seconds.
     """
     extra = {
@@ -135,7 +135,7 @@ def retired(  # noqa: PLR0913 -- what a retirement says.
     }
     if reason in HEALING:
         log.log(
-            logging.INFO if reason == "max_age" else logging.WARNING,
+            logging.WARNING,
             "Retired %s (reason %s, error %s, age %.3f s); the next call "
             "builds a new client.",
             name,

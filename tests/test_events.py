@@ -816,7 +816,7 @@ RETIREMENTS = {
     "retire": (retire_by_retire, logging.WARNING),
     "retire_on": (retire_by_retire_on, logging.WARNING),
     "check": (retire_by_check, logging.WARNING),
-    "max_age": (retire_by_max_age, logging.INFO),
+    "max_age": (retire_by_max_age, logging.WARNING),
     "close_all": (retire_by_close_all, logging.DEBUG),
     "loop_end": (retire_by_loop_end, logging.DEBUG),
 }
