@@ -23,6 +23,7 @@ reader collects, not recorded per event.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -154,10 +155,11 @@ def retired(  # noqa: PLR0913 -- what a retirement says.
         )
     made = instruments()
     if made is not None:
-        with _quiet():
-            made.retirements.add(
-                1, {"poolkeeper.singleton": name, "poolkeeper.reason": reason}
-            )
+        _record(
+            made.retirements.add,
+            1,
+            {"poolkeeper.singleton": name, "poolkeeper.reason": reason},
+        )
 
 
 def deferred(name: str, key: str | None, reason: str, delay: float) -> None:
@@ -414,19 +416,66 @@ def _build_metrics(
         "poolkeeper.reason": reason,
         "poolkeeper.outcome": outcome,
     }
-    with _quiet():
-        made.builds.add(1, attributes)
-        made.build_duration.record(duration, attributes)
+    _record(made.builds.add, 1, attributes)
+    _record(made.build_duration.record, duration, attributes)
 
 
 def _close_metrics(name: str, outcome: str) -> None:
     made = instruments()
     if made is not None:
+        _record(
+            made.closes.add,
+            1,
+            {"poolkeeper.singleton": name, "poolkeeper.outcome": outcome},
+        )
+
+
+# Measurements that could not be recorded where they happened, recorded
+# by the next one that can. The OpenTelemetry SDK records under locks of
+# its own, which are not reentrant: a garbage collection that runs while
+# this thread holds one (inside a recording of ours, or inside the SDK's
+# collection) can collect a dropped singleton, whose finalizer closes its
+# clients (_registry._orphan) and so records; inline, that recording would
+# wait for the lock its own thread holds, for ever. A deque's append and
+# popleft are atomic, and safe in a finalizer.
+_pending: collections.deque[tuple[Any, tuple[Any, ...]]] = collections.deque()
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def deferring() -> Generator[None, None, None]:
+    """Record nothing inline on this thread meanwhile: queue it.
+
+    For the finalizer of a collected singleton (``_registry._orphan``),
+    which runs wherever the collector interrupted this thread.
+    """
+    before = getattr(_local, "busy", False)
+    _local.busy = True
+    try:
+        yield
+    finally:
+        _local.busy = before
+
+
+def _record(method: Any, *args: Any) -> None:  # noqa: ANN401 -- an SDK's.
+    # Recorded inline unless this thread is already recording (or in a
+    # finalizer): then queued, for the next recording here or elsewhere.
+    if getattr(_local, "busy", False):
+        _pending.append((method, args))
+        return
+    _local.busy = True
+    try:
+        for _ in range(len(_pending)):
+            try:
+                queued, queued_args = _pending.popleft()
+            except IndexError:
+                break
+            with _quiet():
+                queued(*queued_args)
         with _quiet():
-            made.closes.add(
-                1,
-                {"poolkeeper.singleton": name, "poolkeeper.outcome": outcome},
-            )
+            method(*args)
+    finally:
+        _local.busy = False
 
 
 @contextlib.contextmanager

@@ -126,7 +126,8 @@ def _orphan(entry: Entry) -> None:
     # lock this thread holds).
     entry.orphaned = True
     _orphans.append(entry)
-    _drain()
+    with _events.deferring():
+        _drain()
 
 
 def _drain() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import gc
 import logging
 import os
 import pathlib
@@ -658,8 +659,9 @@ class TestMetricsNeverRaise:
             for r in caplog.records
             if r.getMessage() == "Recording a poolkeeper metric failed."
         ]
-        # The build, the retirement, then the close.
-        assert len(failures) == 3
+        # The build's two (its count, its duration: each is tried), the
+        # retirement, then the close.
+        assert len(failures) == 4
 
 
 def test_backoff_engaged_and_reset_are_events(monkeypatch, caplog):
@@ -979,3 +981,65 @@ def test_a_loop_closed_without_shutdown_is_said_when_pruned(reader, caplog):
     assert not built[0].closed
     assert retirements_counted(reader, name, "loop_end") == 2
     assert single.statistics().retirements["loop_end"] == 2
+
+
+class _HeldWhileRecording:
+    """An instrument whose recording holds a lock that is not reentrant,
+    as the OpenTelemetry SDK's do, and collects garbage while it holds it
+    (the SDK allocates there: CI once saw a collection at that point)."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.lock = threading.Lock()
+        self.collected = False
+        self.reentered: list[object] = []
+
+    def add(self, amount, attributes=None) -> None:
+        if not self.lock.acquire(timeout=2):
+            self.reentered.append(attributes)  # Inline, it would hang.
+            return
+        try:
+            if not self.collected:
+                self.collected = True
+                gc.collect()
+            self.real.add(amount, attributes)
+        finally:
+            self.lock.release()
+
+
+def test_a_singleton_collected_during_a_recording_is_recorded_later(
+    reader, monkeypatch
+):
+    """A collection inside a recording closes a dropped singleton's client:
+    its close is recorded by the next recording, never inline (which would
+    wait for the lock its own thread holds, for ever)."""
+    first = process_singleton(name=f"held-{uuid.uuid4().hex}")(Factory())
+    first()
+    made = _events.instruments()
+    assert made is not None
+    held = _HeldWhileRecording(made.closes)
+    monkeypatch.setattr(made, "closes", held)
+    dropped_name = f"dropped-{uuid.uuid4().hex}"
+    gc.disable()
+    try:
+        dropped = process_singleton(name=dropped_name)(Factory())
+        client = dropped()
+        cycle: list[object] = [dropped]
+        cycle.append(cycle)  # Collected only by the cyclic collector.
+        del dropped, cycle
+        assert first.reset()  # Its close records, and collects meanwhile.
+    finally:
+        gc.enable()
+    assert held.collected
+    assert [] == held.reentered
+    assert client.closed  # Closed by the finalizer, inline.
+    monkeypatch.undo()
+    first()  # A build records, and records what was queued first.
+    closes = points(reader, dropped_name)
+    assert (
+        1
+        == closes[
+            "poolkeeper.client.closes",
+            frozenset({("poolkeeper.outcome", "success")}),
+        ]
+    )
