@@ -294,6 +294,8 @@ class Instruments:
 
 
 _lock = threading.Lock()
+#: Per thread: ``busy`` while it records, or runs a finalizer (deferring).
+_local = threading.local()
 #: None until the first event; then False (no OpenTelemetry) or the set.
 _made: Instruments | bool | None = None
 #: The registry's view, installed by _registry (no import cycle): yields
@@ -308,6 +310,10 @@ def instruments() -> Instruments | None:
     """The instruments, made on first use; None without OpenTelemetry."""
     made = _made
     if made is None:
+        if getattr(_local, "busy", False):
+            # A finalizer (or a recording) interrupted this thread, which
+            # may hold _lock, making them: this event goes unmeasured.
+            return None
         with _lock:
             made = _make_once() if _made is None else _made
     return made if isinstance(made, Instruments) else None
@@ -439,7 +445,6 @@ def _close_metrics(name: str, outcome: str) -> None:
 # wait for the lock its own thread holds, for ever. A deque's append and
 # popleft are atomic, and safe in a finalizer.
 _pending: collections.deque[tuple[Any, tuple[Any, ...]]] = collections.deque()
-_local = threading.local()
 
 
 @contextlib.contextmanager

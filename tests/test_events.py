@@ -1043,3 +1043,41 @@ def test_a_singleton_collected_during_a_recording_is_recorded_later(
             frozenset({("poolkeeper.outcome", "success")}),
         ]
     )
+
+
+def test_a_finalizer_while_the_instruments_are_made_measures_nothing(
+    reader, monkeypatch
+):
+    """A collection while the first event makes the instruments (holding
+    their lock) closes a dropped singleton's client: that close goes
+    unmeasured instead of waiting for the lock its own thread holds."""
+    real = _events._make_once
+
+    def making() -> object:
+        gc.collect()
+        return real()
+
+    done: list[object] = []
+    gc.disable()
+    try:
+        dropped = process_singleton(name=f"dropped-{uuid.uuid4().hex}")(
+            Factory()
+        )
+        client = dropped()
+        # Not made yet, as before a process's first event.
+        monkeypatch.setattr(_events, "_made", None)
+        monkeypatch.setattr(_events, "_make_once", making)
+        cycle: list[object] = [dropped]
+        cycle.append(cycle)  # Collected only by the cyclic collector.
+        del dropped, cycle
+        single = process_singleton(name=f"first-{uuid.uuid4().hex}")(Factory())
+        # The build's event makes the instruments, and collects meanwhile.
+        thread = threading.Thread(target=lambda: done.append(single()))
+        thread.daemon = True  # Deadlocked, it must not hold up the exit.
+        thread.start()
+        thread.join(WAIT)
+    finally:
+        gc.enable()
+    assert not thread.is_alive(), "deadlocked making the instruments"
+    assert [single()] == done
+    assert client.closed
