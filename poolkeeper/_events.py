@@ -29,12 +29,13 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from poolkeeper._lifecycle import HEALING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Iterable
+    from types import CodeType, FrameType
 
     from opentelemetry.metrics import (
         CallbackOptions,
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
         Meter,
         Observation,
     )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 log = logging.getLogger("poolkeeper")
 
@@ -294,8 +298,6 @@ class Instruments:
 
 
 _lock = threading.Lock()
-#: Per thread: ``busy`` while it records, or runs a finalizer (deferring).
-_local = threading.local()
 #: None until the first event; then False (no OpenTelemetry) or the set.
 _made: Instruments | bool | None = None
 #: The registry's view, installed by _registry (no import cycle): yields
@@ -310,7 +312,7 @@ def instruments() -> Instruments | None:
     """The instruments, made on first use; None without OpenTelemetry."""
     made = _made
     if made is None:
-        if getattr(_local, "busy", False):
+        if _interrupted():
             # A finalizer (or a recording) interrupted this thread, which
             # may hold _lock, making them: this event goes unmeasured.
             return None
@@ -445,42 +447,48 @@ def _close_metrics(name: str, outcome: str) -> None:
 # wait for the lock its own thread holds, for ever. A deque's append and
 # popleft are atomic, and safe in a finalizer.
 _pending: collections.deque[tuple[Any, tuple[Any, ...]]] = collections.deque()
+#: The code of the functions inside which nothing is recorded inline.
+_DEFERRING: set[CodeType] = set()
 
 
-@contextlib.contextmanager
-def deferring() -> Generator[None, None, None]:
-    """Record nothing inline on this thread meanwhile: queue it.
+def records_later(fn: Callable[P, R]) -> Callable[P, R]:
+    """Mark *fn*: nothing is recorded inline while it runs, only queued.
 
     For the finalizer of a collected singleton (``_registry._orphan``),
-    which runs wherever the collector interrupted this thread.
+    which runs wherever the collector interrupted its thread. The stack
+    says it, not a flag: a flag set and cleared around the call could be
+    left set by an exception landing between two lines.
     """
-    before = getattr(_local, "busy", False)
-    _local.busy = True
-    try:
-        yield
-    finally:
-        _local.busy = before
+    _DEFERRING.add(fn.__code__)
+    return fn
+
+
+def _interrupted() -> bool:
+    # Whether the caller's caller runs inside a recording of ours, the
+    # making of the instruments or a finalizer (see records_later).
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code in _DEFERRING:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _record(method: Any, *args: Any) -> None:  # noqa: ANN401 -- an SDK's.
     # Recorded inline unless this thread is already recording (or in a
     # finalizer): then queued, for the next recording here or elsewhere.
-    if getattr(_local, "busy", False):
+    if _interrupted():
         _pending.append((method, args))
         return
-    _local.busy = True
-    try:
-        for _ in range(len(_pending)):
-            try:
-                queued, queued_args = _pending.popleft()
-            except IndexError:
-                break
-            with _quiet():
-                queued(*queued_args)
+    for _ in range(len(_pending)):
+        try:
+            queued, queued_args = _pending.popleft()
+        except IndexError:
+            break
         with _quiet():
-            method(*args)
-    finally:
-        _local.busy = False
+            queued(*queued_args)
+    with _quiet():
+        method(*args)
 
 
 @contextlib.contextmanager
@@ -566,3 +574,7 @@ def _observe_threads(options: CallbackOptions) -> list[Observation]:
 def _entries(directory: str) -> int:
     with os.scandir(directory) as entries:
         return sum(1 for _ in entries)
+
+
+records_later(_record)
+records_later(_make_once)

@@ -117,6 +117,7 @@ def _add(entry: Entry) -> None:
     _entries.add(entry)
 
 
+@_events.records_later
 def _orphan(entry: Entry) -> None:
     # The singleton was collected: nothing can call it again, so its live
     # clients are retired and closed (leased ones when their lease ends).
@@ -126,8 +127,7 @@ def _orphan(entry: Entry) -> None:
     # lock this thread holds).
     entry.orphaned = True
     _orphans.append(entry)
-    with _events.deferring():
-        _drain()
+    _drain()
 
 
 def _drain() -> None:

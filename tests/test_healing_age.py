@@ -372,7 +372,7 @@ class TestFailedProbeCutShort:
         Whatever line it lands on, the failed client is replaced by a
         later call and closed exactly once: never served for ever.
         """
-        from attack import Inject
+        from attack import Inject, no_collector
 
         single = process_singleton(
             check=lambda c: not c.closed, check_every=0.05
@@ -382,15 +382,16 @@ class TestFailedProbeCutShort:
         old.closes.append(-1)  # Broken, as the probe will find.
         assert wait_until(lambda: slot.probe is not None)
         inject = Inject(n, KeyboardInterrupt, after="check(record.client)")
-        sys.settrace(inject.tracer)
-        inject.armed = True
-        try:
-            single()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-            inject.armed = False
+        with no_collector():
+            sys.settrace(inject.tracer)
+            inject.armed = True
+            try:
+                single()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+                inject.armed = False
         if inject.fired is None:
             pytest.skip(f"the probe runs fewer than {n} lines")
         assert _replaced(single, old) is not None, inject.fired
@@ -409,7 +410,7 @@ class TestPassedProbeCutShort:
         it goes bad it is replaced (the next probe was armed before the
         report, or the probe is due again).
         """
-        from attack import Inject
+        from attack import Inject, no_collector
 
         single = process_singleton(
             check=lambda c: not c.closed, check_every=0.05
@@ -418,15 +419,16 @@ class TestPassedProbeCutShort:
         slot = single._self_slot
         assert wait_until(lambda: slot.probe is not None)
         inject = Inject(n, KeyboardInterrupt, after="check(record.client)")
-        sys.settrace(inject.tracer)
-        inject.armed = True
-        try:
-            single()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-            inject.armed = False
+        with no_collector():
+            sys.settrace(inject.tracer)
+            inject.armed = True
+            try:
+                single()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+                inject.armed = False
         if inject.fired is None:
             pytest.skip(f"the probe runs fewer than {n} lines")
         assert single() is old, inject.fired
@@ -475,7 +477,7 @@ class TestProbeHandedOutCutShort:
         probe: the probe is reported (or due again), never stuck holding
         its client, which reset() then closes exactly once.
         """
-        from attack import Inject
+        from attack import Inject, no_collector
 
         single = process_singleton(check=lambda c: True, check_every=0.05)(
             Factory()
@@ -484,15 +486,16 @@ class TestProbeHandedOutCutShort:
         slot = single._self_slot
         assert wait_until(lambda: slot.probe is not None)
         inject = Inject(n, KeyboardInterrupt, after="return Probe(live)")
-        sys.settrace(inject.tracer)
-        inject.armed = True
-        try:
-            single()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
-            inject.armed = False
+        with no_collector():
+            sys.settrace(inject.tracer)
+            inject.armed = True
+            try:
+                single()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+                inject.armed = False
         if inject.fired is None:
             pytest.skip(f"fewer than {n} lines follow the hand-out")
         probe = slot.probe
@@ -511,7 +514,7 @@ class TestAsyncProbeHandedOutCutShort:
     @pytest.mark.parametrize("n", range(1, 40))
     def test_an_async_probe_cut_before_its_report_is_given_back(self, n):
         """As the thread test above, in a task on an event loop."""
-        from attack import Inject
+        from attack import Inject, no_collector
 
         async def make() -> FakeClient:
             return FakeClient()
@@ -528,15 +531,16 @@ class TestAsyncProbeHandedOutCutShort:
                     break
                 await asyncio.sleep(0.01)
             inject = Inject(n, Cut, after="return Probe(live)")
-            sys.settrace(inject.tracer)
-            inject.armed = True
-            try:
-                await single()
-            except Cut:
-                pass
-            finally:
-                sys.settrace(None)
-                inject.armed = False
+            with no_collector():
+                sys.settrace(inject.tracer)
+                inject.armed = True
+                try:
+                    await single()
+                except Cut:
+                    pass
+                finally:
+                    sys.settrace(None)
+                    inject.armed = False
             if inject.fired is None:
                 pytest.skip(f"fewer than {n} lines follow the hand-out")
             probe = slot.probe
