@@ -24,6 +24,22 @@ from poolkeeper import _builds, _lifecycle, process_singleton
 SLACK = 1.0
 
 
+def _cut_once(call, inject, exc: type[BaseException]) -> None:
+    """Call *call* with *inject* armed (the collector off): cut, or not."""
+    from attack import no_collector
+
+    with no_collector():
+        sys.settrace(inject.tracer)
+        inject.armed = True
+        try:
+            call()
+        except exc:
+            pass
+        finally:
+            sys.settrace(None)
+            inject.armed = False
+
+
 @pytest.fixture(name="spacing")
 def _spacing(monkeypatch):
     """A small backoff: 0.2 s doubling to 0.8 s."""
@@ -372,7 +388,7 @@ class TestFailedProbeCutShort:
         Whatever line it lands on, the failed client is replaced by a
         later call and closed exactly once: never served for ever.
         """
-        from attack import Inject, no_collector
+        from attack import Inject
 
         single = process_singleton(
             check=lambda c: not c.closed, check_every=0.05
@@ -382,16 +398,7 @@ class TestFailedProbeCutShort:
         old.closes.append(-1)  # Broken, as the probe will find.
         assert wait_until(lambda: slot.probe is not None)
         inject = Inject(n, KeyboardInterrupt, after="check(record.client)")
-        with no_collector():
-            sys.settrace(inject.tracer)
-            inject.armed = True
-            try:
-                single()
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(None)
-                inject.armed = False
+        _cut_once(single, inject, KeyboardInterrupt)
         if inject.fired is None:
             pytest.skip(f"the probe runs fewer than {n} lines")
         assert _replaced(single, old) is not None, inject.fired
@@ -410,7 +417,7 @@ class TestPassedProbeCutShort:
         it goes bad it is replaced (the next probe was armed before the
         report, or the probe is due again).
         """
-        from attack import Inject, no_collector
+        from attack import Inject
 
         single = process_singleton(
             check=lambda c: not c.closed, check_every=0.05
@@ -419,16 +426,7 @@ class TestPassedProbeCutShort:
         slot = single._self_slot
         assert wait_until(lambda: slot.probe is not None)
         inject = Inject(n, KeyboardInterrupt, after="check(record.client)")
-        with no_collector():
-            sys.settrace(inject.tracer)
-            inject.armed = True
-            try:
-                single()
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(None)
-                inject.armed = False
+        _cut_once(single, inject, KeyboardInterrupt)
         if inject.fired is None:
             pytest.skip(f"the probe runs fewer than {n} lines")
         assert single() is old, inject.fired
@@ -477,7 +475,7 @@ class TestProbeHandedOutCutShort:
         probe: the probe is reported (or due again), never stuck holding
         its client, which reset() then closes exactly once.
         """
-        from attack import Inject, no_collector
+        from attack import Inject
 
         single = process_singleton(check=lambda c: True, check_every=0.05)(
             Factory()
@@ -486,16 +484,7 @@ class TestProbeHandedOutCutShort:
         slot = single._self_slot
         assert wait_until(lambda: slot.probe is not None)
         inject = Inject(n, KeyboardInterrupt, after="return Probe(live)")
-        with no_collector():
-            sys.settrace(inject.tracer)
-            inject.armed = True
-            try:
-                single()
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(None)
-                inject.armed = False
+        _cut_once(single, inject, KeyboardInterrupt)
         if inject.fired is None:
             pytest.skip(f"fewer than {n} lines follow the hand-out")
         probe = slot.probe
