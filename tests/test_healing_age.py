@@ -437,22 +437,29 @@ class TestPassedProbeCutShort:
 
 class TestTimersEndWithTheirClient:
     def test_a_retired_client_leaves_no_timer_thread(self):
-        """max_age=3600 and check_every=3600: retired, their timers end."""
+        """max_age=3600 and check_every=3600: retired, their timers end.
 
-        def timers() -> int:
-            return sum(
-                t.name == _builds.TIMER_NAME for t in threading.enumerate()
-            )
-
-        before = timers()
+        Counts only this singleton's timers (those holding its slot):
+        timers of earlier tests' singletons may end while this one runs.
+        """
         single = process_singleton(
             max_age=3600, check=lambda c: True, check_every=3600
         )(Factory())
+        slot = single._self_slot
+
+        def timers() -> int:
+            return sum(
+                t.name == _builds.TIMER_NAME
+                and any(a is slot for a in getattr(t, "args", ()))
+                for t in threading.enumerate()
+            )
+
+        assert timers() == 0
         for _ in range(5):
             single()
-            assert wait_until(lambda: timers() == before + 2)
+            assert wait_until(lambda: timers() == 2)
             assert single.reset()
-        assert wait_until(lambda: timers() == before)
+        assert wait_until(lambda: timers() == 0)
 
     def test_a_stale_probe_timer_does_nothing(self):
         """A timer armed for an earlier probe count is moot."""
