@@ -9,6 +9,7 @@ async hit runs two: the armed ``__call__`` and the coroutine it returns.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 
@@ -29,13 +30,22 @@ def profiler(seen: list[str]):
 
 
 def frames_of(call) -> list[str]:
-    """Return the names of the Python functions one *call()* runs."""
+    """Return the names of the Python functions one *call()* runs.
+
+    With the collector off: a collection that starts inside the call runs
+    finalizers and weakref callbacks (``WeakSet._remove``) of other tests'
+    garbage, which are not the call's frames (seen on 3.14t).
+    """
     seen: list[str] = []
+    enabled = gc.isenabled()
+    gc.disable()
     sys.setprofile(profiler(seen))
     try:
         call()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return seen
 
 
@@ -168,11 +178,15 @@ class TestProxyFrames:
 async def frames_of_await(single) -> tuple[list[str], object]:
     """Return the Python functions ``await single()`` runs, and its result."""
     seen: list[str] = []
+    enabled = gc.isenabled()
+    gc.disable()  # As frames_of.
     sys.setprofile(profiler(seen))
     try:
         result = await single()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return seen, result
 
 
