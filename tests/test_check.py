@@ -369,9 +369,12 @@ class TestExitStatus:
 
     def test_head_closes_the_pipe(self, tmp_path):
         """Piping into a reader that stops early ends without a traceback."""
-        lines = "".join(f"    c{n} = httpx.Client()\n" for n in range(3000))
+        # 3,000 findings (~540 KB, past any pipe's buffer), in 100
+        # functions: the check of one 3,000-line function takes ~30 s.
+        body = "".join(f"    c{n} = httpx.Client()\n" for n in range(30))
+        functions = "".join(f"def f{k}():\n{body}" for k in range(100))
         (tmp_path / "many.py").write_text(
-            f"import httpx\ndef f():\n{lines}", encoding="utf-8"
+            f"import httpx\n{functions}", encoding="utf-8"
         )
         with subprocess.Popen(
             [sys.executable, "-m", "poolkeeper", "check", str(tmp_path)],

@@ -48,11 +48,17 @@ def _spacing(monkeypatch):
     return 0.2
 
 
-def _timers() -> list[threading.Thread]:
+def _timers(single=None) -> list[threading.Thread]:
+    """Live timer threads: all of them, or *single*'s (holding its slot)."""
     return [
         t
         for t in threading.enumerate()
-        if t.name == _builds.TIMER_NAME and t.is_alive()
+        if t.name == _builds.TIMER_NAME
+        and t.is_alive()
+        and (
+            single is None
+            or any(a is single._self_slot for a in getattr(t, "args", ()))
+        )
     ]
 
 
@@ -279,7 +285,7 @@ class TestBackoff:
         assert single() is second
         assert not second.closed
         assert "retire" == single.statistics().deferred
-        assert _timers()  # Its timer (others' may still be pending).
+        assert _timers(single)  # Its timer.
         # Carried out by the timer once the spacing ends; nobody calls.
         assert wait_until(lambda: second.closed, WAIT)
         assert time.monotonic() - started >= spacing * 0.9
@@ -322,7 +328,7 @@ class TestBackoff:
         assert sum(counts) > 100  # type: ignore[arg-type]
         # Immediate, then 0.2, 0.4, 0.8, 0.8 ...: about 4 builds in 1.5 s.
         assert len(factory.built) <= 6
-        wait_until(lambda: not _timers(), WAIT)
+        assert wait_until(lambda: not _timers(single), WAIT)
         closed = [c for c in factory.built if c.closed]
         assert all(c.closes == [c.closes[0]] for c in closed)
 

@@ -29,6 +29,7 @@ def _cut_once(call, inject, exc: type[BaseException]) -> None:
     from attack import no_collector
 
     with no_collector():
+        previous = sys.gettrace()  # coverage's, when it measures.
         sys.settrace(inject.tracer)
         inject.armed = True
         try:
@@ -36,7 +37,7 @@ def _cut_once(call, inject, exc: type[BaseException]) -> None:
         except exc:
             pass
         finally:
-            sys.settrace(None)
+            sys.settrace(previous)
             inject.armed = False
 
 
@@ -528,6 +529,7 @@ class TestAsyncProbeHandedOutCutShort:
                 await asyncio.sleep(0.01)
             inject = Inject(n, Cut, after="return Probe(live)")
             with no_collector():
+                previous = sys.gettrace()
                 sys.settrace(inject.tracer)
                 inject.armed = True
                 try:
@@ -535,7 +537,7 @@ class TestAsyncProbeHandedOutCutShort:
                 except Cut:
                     pass
                 finally:
-                    sys.settrace(None)
+                    sys.settrace(previous)
                     inject.armed = False
             if inject.fired is None:
                 pytest.skip(f"fewer than {n} lines follow the hand-out")

@@ -52,7 +52,6 @@ def traced(inject: Inject, step):
     finalizer would otherwise run, and be cut, in the traced thread.
     """
     box: list[BaseException | None] = []
-    gc.collect()
     gc.disable()
 
     def main():
