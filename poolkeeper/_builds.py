@@ -556,8 +556,12 @@ async def aprobe(
 def unprobe(
     life: Lifecycle[Any], closer: Closer, slot: Slot | None, done: object
 ) -> None:
-    """A call unwinds: give back a probe it was handed and did not report."""
-    if slot is None or slot.probe is None:
+    """A call unwinds: give back a probe it was handed and did not report.
+
+    Asks the lifecycle (under its lock) whenever the call made a request:
+    the slot's probe may have moved on while the call held one.
+    """
+    if slot is None or done is None:
         return
     doomed: list[Record[Any]] = []
     try:
