@@ -558,10 +558,22 @@ def unprobe(
 ) -> None:
     """A call unwinds: give back a probe it was handed and did not report.
 
-    Asks the lifecycle (under its lock) whenever the call made a request:
-    the slot's probe may have moved on while the call held one.
+    Asks the lifecycle (under its lock) only if a record of *slot* is
+    held by that probe: the slot's probe, or one the slot moved on from
+    (see ``Lifecycle.probed``). Lock-free: only this call's report
+    releases the hold, and a held record moves from live to retired in
+    one commit, so reading ``live`` before ``retired`` cannot miss it.
     """
     if slot is None or done is None:
+        return
+    probe = slot.probe
+    probing = () if probe is None or probe[1] != "probing" else probe
+    held = probing[2:3] == (done,) or any(
+        record.prober is done
+        for record in (slot.live, *slot.retired)
+        if record is not None
+    )
+    if not held:
         return
     doomed: list[Record[Any]] = []
     try:
