@@ -558,22 +558,17 @@ def unprobe(
 ) -> None:
     """A call unwinds: give back a probe it was handed and did not report.
 
-    Asks the lifecycle (under its lock) only if a record of *slot* is
-    held by that probe: the slot's probe, or one the slot moved on from
-    (see ``Lifecycle.probed``). Lock-free: only this call's report
-    releases the hold, and a held record moves from live to retired in
-    one commit, so reading ``live`` before ``retired`` cannot miss it.
+    Asks the lifecycle (under its lock), which finds the record that
+    probe holds, unless *slot* can hold none: no probe, and no retired
+    record (where a held record goes when the slot moves on from it,
+    see ``Lifecycle.probed``). Lock-free, with no Python frame: this is
+    every call's way out by an exception.
     """
-    if slot is None or done is None:
-        return
-    probe = slot.probe
-    probing = () if probe is None or probe[1] != "probing" else probe
-    held = probing[2:3] == (done,) or any(
-        record.prober is done
-        for record in (slot.live, *slot.retired)
-        if record is not None
-    )
-    if not held:
+    if (
+        slot is None
+        or done is None
+        or (slot.probe is None and not slot.retired)
+    ):
         return
     doomed: list[Record[Any]] = []
     try:
