@@ -116,7 +116,9 @@ class Switcher:
 class Probing:
     """The singleton, its churning threads, and what they saw."""
 
-    def __init__(self, *, max_age: float | None) -> None:
+    def __init__(self, *, max_age: float | None, bad: float = 0.02) -> None:
+        # How often a caller marks the client it was served bad.
+        self.bad = bad
         self.built: list[Client] = []
         self.failed: set[int] = set()
         self.violations: list[str] = []
@@ -182,7 +184,7 @@ class Probing:
             else:
                 client = self.single()
                 self._served(client, start, "served")
-            if rng.random() < 0.02:
+            if rng.random() < self.bad:
                 client.bad = True  # It goes bad; a probe will find it.
             self.figures["calls"] += 1
 
@@ -251,7 +253,8 @@ class TestProbeSwitches:
     @pytest.mark.parametrize("part", ["due", "retire", "all"])
     def test_switches_with_max_age(self, part):
         """check and max_age: the same, retirements by either reason."""
-        probing = Probing(max_age=0.01)
+        # Fewer clients go bad: enough live to age out.
+        probing = Probing(max_age=0.01, bad=0.002)
         probing.run(Switcher(PARTS[part]).tracer)
         single = probing.single
         assert [] == probing.violations
