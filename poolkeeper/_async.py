@@ -386,7 +386,10 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         except GeneratorExit:
             # Closed at the yield, never exited: collected (the loop's
             # async generator finalizer) or its loop ended. It ends now.
-            warn_dropped(self._self_name)
+            # Before the yield (nothing held) it was raised by the factory
+            # or a check: the caller's, said by nothing here.
+            if held:
+                warn_dropped(self._self_name)
             raise
         except BaseException as exc:
             # Escaping the block: retire_on may retire the leased client

@@ -556,8 +556,19 @@ async def aprobe(
 def unprobe(
     life: Lifecycle[Any], closer: Closer, slot: Slot | None, done: object
 ) -> None:
-    """A call unwinds: give back a probe it was handed and did not report."""
-    if slot is None or slot.probe is None:
+    """A call unwinds: give back a probe it was handed and did not report.
+
+    Asks the lifecycle (under its lock), which finds the record that
+    probe holds, unless *slot* can hold none: no probe, and no retired
+    record (where a held record goes when the slot moves on from it,
+    see ``Lifecycle.probed``). Lock-free, with no Python frame: this is
+    every call's way out by an exception.
+    """
+    if (
+        slot is None
+        or done is None
+        or (slot.probe is None and not slot.retired)
+    ):
         return
     doomed: list[Record[Any]] = []
     try:

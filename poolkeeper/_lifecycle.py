@@ -475,9 +475,11 @@ class Lifecycle(Generic[T]):
                 # This call probes; the record is held for it. The call's
                 # wake-up names it: unwinding before it reported, it gives
                 # the probe back (unprobe).
-                probing = (live.sequence, "probing", new_done(), live)
+                done = new_done()
+                probing = (live.sequence, "probing", done, live, False)
                 stores(
                     (live, "leases", live.leases + 1),
+                    (live, "prober", done),
                     (slot, "probe", probing),
                 )
                 return Probe(live)
@@ -897,17 +899,29 @@ class Lifecycle(Generic[T]):
         *checks* probes reported: a timer from before a later report (a
         probe cut short, then run again) does nothing. Disarms the hit
         path first, so that the next call asks ``request``, which hands
-        out the probe.
+        out the probe. The timer of the probe after one being run (armed
+        before its report, *checks* one more than reported) that ends
+        before that report makes the probe due once it is reported.
         """
         live = slot.live
         if (
             live is None
             or live.sequence != sequence
             or live.state is not ClientState.LIVE
-            or live.checks != checks
         ):
             return False
         probe = slot.probe
+        if live.checks != checks:
+            if (
+                live.checks + 1 != checks
+                or probe is None
+                or probe[:2] != (sequence, "probing")
+            ):
+                return False
+            stores(
+                (slot, "probe", (*probe[:4], True)),
+            )
+            return True
         if probe is not None and probe[0] == sequence:
             return True  # Already due, or being probed.
         self._disarm()
@@ -933,17 +947,30 @@ class Lifecycle(Generic[T]):
         retires a live client that failed it (reason "check", healing).
         A probe cut short (None) is due again, for the next call. Returns
         the retirement's verdict. Idempotent for a probe already reported.
+
+        The hold is the record's (``prober``): released even when the slot
+        has moved on meanwhile (the record was retired and another client
+        built, which forgets the slot's probe), so that the record closes.
         """
+        if record.prober is None:
+            return None  # Reported already.
         probe = slot.probe
-        if probe is None or probe[:2] != (record.sequence, "probing"):
-            return None
-        if ok is not True:
+        current = probe is not None and probe[:2] == (
+            record.sequence,
+            "probing",
+        )
+        # The next probe's timer ended before this report (see due).
+        again = current and probe is not None and probe[4]
+        if (ok is not True or again) and current:
             # Due again, for the next call: the hit path stays disarmed. A
             # failed probe is due again until ``heal`` below retires the
             # client (a second commit): cut between the two, the next call
             # probes again instead of serving a failed client for ever.
             self._disarm()
-        state = None if ok is True else (record.sequence, "due")
+        # The slot's probe, unless it has moved on to another client.
+        due, state = (record.sequence, "due"), probe
+        if current:
+            state = None if ok is True and not again else due
         probes = self.probes + (ok is not None)
         failures = self.probe_failures + (ok is False)
         leases = record.leases - 1
@@ -952,6 +979,7 @@ class Lifecycle(Generic[T]):
             stores(
                 (record, "leases", leases),
                 (record, "checks", checks),
+                (record, "prober", None),
                 (slot, "probe", state),
                 (self, "probes", probes),
                 (self, "probe_failures", failures),
@@ -963,6 +991,7 @@ class Lifecycle(Generic[T]):
             stores(
                 (record, "leases", 0),
                 (record, "checks", checks),
+                (record, "prober", None),
                 (record, "state", ClientState.CLOSED),
                 (slot, "retired", retired),
                 (slot, "probe", state),
@@ -988,16 +1017,21 @@ class Lifecycle(Generic[T]):
     ) -> None:
         """Give back the probe handed to a call that unwinds unreported.
 
-        A driver calls this when a call ends by an exception. If *slot*'s
-        probe is still the one ``request`` handed to that call (its
-        wake-up is *done*), the exception came between ``request`` and the
-        probe's report: it is reported as cut short (due again), which
-        releases the record held for it.
+        A driver calls this when a call ends by an exception. If a record
+        of *slot* is still held by the probe ``request`` handed to that
+        call (its wake-up is *done*), the exception came between
+        ``request`` and the probe's report: it is reported as cut short
+        (due again, if the slot's probe is still that one), which releases
+        the record held for it.
         """
-        probe = slot.probe
-        if probe is None or probe[1] != "probing" or probe[2] is not done:
+        if done is None:
             return
-        self.probed(slot, probe[3], None, None, 0.0, doomed)
+        probe = slot.probe
+        probing = () if probe is None or probe[1] != "probing" else probe[3:4]
+        for record in (*probing, slot.live, *slot.retired):
+            if record is not None and record.prober is done:
+                self.probed(slot, record, None, None, 0.0, doomed)
+                return
 
     def _defer(
         self,

@@ -137,6 +137,7 @@ class Record(Generic[T]):
         "leases",
         "open",
         "pins",
+        "prober",
         "sequence",
         "slot",
         "state",
@@ -166,6 +167,10 @@ class Record(Generic[T]):
         # Its health probes reported (cut short ones too): a probe timer
         # acts only at the count it was armed for (see Lifecycle.due).
         self.checks = 0
+        # The wake-up of the call probing it, while a probe holds it (a
+        # lease's worth, in leases): released once, by its report, even
+        # if the slot has moved on to another client meanwhile.
+        self.prober: object = None
         # Its max_age and next probe's timers, by the driver: its close
         # cancels them.
         self.timers: dict[str, threading.Timer] = {}
@@ -283,7 +288,8 @@ class Slot:
         self.cause: str | None = None
         # The health probe (*check*) of the live client: (its record's
         # sequence, "due"), or (sequence, "probing", the prober's wake-up,
-        # the record); None between probes.
+        # the record, whether the next probe is due at its report); None
+        # between probes.
         self.probe: tuple[Any, ...] | None = None
 
 
