@@ -105,6 +105,93 @@ class TestAdapterHooks:
         assert (None, None) == (hooks.close, hooks.after_fork)
 
 
+class Pooled:
+    """Another type of the pretend SDK, with a close() of its own."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+Pooled.__module__ = "fakesdk.pool"
+
+
+class Bare:
+    """A type of the pretend SDK that neither it nor its adapter closes."""
+
+
+Bare.__module__ = "fakesdk.bare"
+
+
+class TestAdapterFailures:
+    """An adapter's bug or silence is never the build's."""
+
+    def test_an_adapter_that_raises_is_logged_and_passed_over(
+        self, adapter, monkeypatch, caplog
+    ):
+        """Its clients are built, and closed by their own close()."""
+
+        def broken(kind):
+            msg = "adapter bug"
+            raise RuntimeError(msg)
+
+        monkeypatch.setattr(sys.modules["fakesdk_adapter"], "hooks", broken)
+
+        @process_singleton
+        def pooled():
+            return Pooled()
+
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            client = pooled()
+        close_all()
+
+        assert 1 == client.closed
+        (said,) = [r for r in caplog.records if "failed" in r.getMessage()]
+        assert "fakesdk_adapter:hooks" in said.getMessage()
+        assert "fakesdk.pool.Pooled" in said.getMessage()
+        assert isinstance(said.exc_info[1], RuntimeError)
+
+    def test_an_adapter_with_no_hooks_for_a_type_is_named(
+        self, adapter, caplog
+    ):
+        """A type its adapter has no close for: the warning says so."""
+
+        @process_singleton
+        def bare():
+            return Bare()
+
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            bare()
+            bare.reset()
+
+        (said,) = [r.getMessage() for r in caplog.records]
+        assert "fakesdk.bare.Bare" in said
+        assert "fakesdk_adapter:hooks (installed) has no close" in said
+
+    def test_unreadable_metadata_means_no_adapters(self, monkeypatch, caplog):
+        """Entry points that cannot be read: logged, and no adapter."""
+
+        def unreadable(**kwargs):
+            msg = "broken metadata"
+            raise OSError(msg)
+
+        monkeypatch.setattr(_adapters, "_points", None)
+        monkeypatch.setattr(_adapters, "_hooks", {})
+        monkeypatch.setattr(importlib.metadata, "entry_points", unreadable)
+
+        with caplog.at_level(logging.WARNING, logger="poolkeeper"):
+            hooks = _adapters.learn(Pooled())
+
+        assert (None, None) == (hooks.close, hooks.after_fork)
+        assert {} == _adapters._points
+        said = next(
+            r for r in caplog.records if "entry points" in r.getMessage()
+        )
+        assert isinstance(said.exc_info[1], OSError)
+
+
 class TestNoCloseKnown:
     """A client type with no close at all is named once."""
 

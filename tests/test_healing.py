@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pickle
 import threading
 import time
 
@@ -38,6 +39,28 @@ class BrokenError(Exception):
 
 class AnswerError(Exception):
     """An error that does not mean the client is broken."""
+
+
+class CallableClient:
+    """A client that is itself called, as some SDKs' clients are."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __call__(self, *, fail: bool = False) -> CallableClient:
+        if fail:
+            raise BrokenError
+        return self
+
+    def who(self) -> CallableClient:
+        return self
+
+    def close(self) -> None:
+        self.closed = True
+
+
+#: At module level, so that its handle pickles by reference.
+CALLABLE = process_singleton(retire_on=BrokenError)(CallableClient)
 
 
 @pytest.fixture(name="spacing")
@@ -220,6 +243,57 @@ class TestRetireOn:
         caller.join(WAIT)
         assert [False] == seen
         assert first.closed
+
+    def test_healing_proxy_called_runs_in_a_lease_and_heals(self):
+        """Calling the handle calls the live client inside a lease."""
+        single = process_singleton(retire_on=BrokenError)(CallableClient)
+        handle = single.proxy()
+        first = single()
+        assert handle() is first
+        with pytest.raises(BrokenError):
+            handle(fail=True)
+        assert first.closed
+        second = handle()
+        assert second is single()
+        assert second is not first
+        assert 1 == single.statistics().retirements["retire_on"]
+
+    def test_healing_proxy_wrapped_is_the_live_client(self):
+        single = process_singleton(retire_on=BrokenError)(CallableClient)
+        handle = single.proxy()
+        first = single()
+        assert handle.__wrapped__ is first
+        assert single.retire(first)
+        assert handle.__wrapped__ is single()
+        assert handle.__wrapped__ is not first
+
+    def test_a_method_taken_before_a_retirement_runs_on_the_live_client(
+        self,
+    ):
+        """A bound method kept from the handle never runs on a retired
+        client: its lease pins the live one, and the call goes there."""
+        single = process_singleton(retire_on=BrokenError)(CallableClient)
+        handle = single.proxy()
+        first = single()
+        who = handle.who  # Looked up while the first client was live.
+        assert single.retire(first)
+        assert first.closed
+        second = who()
+        assert second is single()
+        assert second is not first
+        assert not second.closed
+
+    def test_healing_proxy_pickles_by_reference(self):
+        """Its pickle names the singleton, never the client."""
+        handle = CALLABLE.proxy()
+        client = handle()
+        data = pickle.dumps(handle)
+        assert b"CALLABLE" in data
+        assert b"closed" not in data  # No client state.
+        again = pickle.loads(data)
+        assert type(again) is type(handle)
+        assert again._self_single is CALLABLE
+        assert again() is client
 
     def test_proxy_without_retire_on_is_the_plain_handle(self):
         single = process_singleton(Factory())
