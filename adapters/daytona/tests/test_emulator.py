@@ -228,12 +228,21 @@ class TestFaults:
         """Dropping a live websocket starts a new Socket.IO session."""
         client = make_client(api_key="flap")
         client.create()
-        # Drop only once the SDK saw its connect acknowledged: a websocket
-        # dropped during python-socketio's handshake (seen 14 ms after the
+        # Drop only once python-socketio's connect() has returned: a
+        # websocket dropped during its handshake (seen 14 ms after the
         # server's connect, under CPU load) fails that connect, and nothing
-        # reconnects until the SDK's next subscription.
+        # reconnects until the SDK's next subscription. The SDK's own flag
+        # (_connected) is set by the connect event, before connect()
+        # returns: a drop 2 ms after it was seen never reconnected (CI).
         dispatcher = client._event_dispatcher
-        assert wait_for(lambda: dispatcher._connected, timeout=20.0)
+        assert wait_for(
+            lambda: (
+                dispatcher._connected
+                and dispatcher._sio is not None
+                and dispatcher._sio.connected
+            ),
+            timeout=20.0,
+        )
 
         daytona_emulator.drop_connections("flap")
 
