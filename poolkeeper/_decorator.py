@@ -13,6 +13,7 @@ whose changes are pushed (``keys.env``, ``keys.file``), a subscription.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -304,19 +305,19 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         every = validate_healing(
             _name(factory), max_age, check, check_every, made is make_async
         )
-        return made(
-            factory,
+        options = Options(
+            name=name or _name(factory),
             key=combined_key,
             close=close,
             after_fork=after_fork,
-            fork=fork,
+            keep=fork == "keep",
             min_rebuild_interval=float(min_rebuild_interval),
             retire_on=retire_on,
-            name=name,
             max_age=None if max_age is None else float(max_age),
             check=check,
             check_every=every,
         )
+        return made(factory, options)
 
     if factory is None:
         return cast("_Decorator", decorate)
@@ -574,91 +575,76 @@ def _combine(
 # -- the singleton made --------------------------------------------------
 
 
-def make(  # noqa: PLR0913 -- mirrors the keyword-only options.
-    factory: Callable[[], T],
-    *,
-    key: Callable[[], object] | None,
-    close: Callable[[T], object] | None,
-    after_fork: Callable[[T], object] | None,
-    fork: str,
-    min_rebuild_interval: float,
-    retire_on: object = None,
-    name: str | None = None,
-    max_age: float | None = None,
-    check: Callable[[Any], object] | None = None,
-    check_every: float | None = None,
-) -> ProcessSingleton[T]:
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """A singleton's options, checked: what both drivers are made from.
+
+    A new option is a field here, its check above, and what the lifecycle
+    (or the shared driver code, ``_builds``) does with it.
+    """
+
+    name: str
+    key: Callable[[], object] | None
+    close: Callable[[Any], object] | None
+    after_fork: Callable[[Any], object] | None
+    keep: bool  # fork="keep"
+    min_rebuild_interval: float
+    retire_on: object
+    max_age: float | None
+    check: Callable[[Any], object] | None
+    check_every: float | None
+
+
+def make(factory: Callable[[], T], options: Options) -> ProcessSingleton[T]:
     """Return a new thread singleton for *factory*."""
     single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
     own = type(single)
-    name = name or _name(factory)
     # Where the polled hit path finds the key (see _sync.arm).
-    type.__setattr__(own, "_poolkeeper_key", key)
+    type.__setattr__(own, "_poolkeeper_key", options.key)
     # The lifecycle outlives a dropped singleton (the registry holds it),
     # so it holds the singleton's class weakly: the class's polled
     # __call__ holds the key, and a key may reach the singleton.
     cls: weakref.ReferenceType[type] = weakref.ref(own)
-    life: Lifecycle[T] = Lifecycle(
-        name,
-        pushed=key is None,
-        min_interval=min_rebuild_interval,
-        arm=functools.partial(arm, cls, name, _slow_call),
+    life, closer = _wire(
+        single,
+        options,
+        functools.partial(arm, cls, options.name, _slow_call),
+        is_async=False,
     )
     slot = single._self_slot = life.open_slot(None, None)[0]
-    closer = Closer(life, close, is_async=False)
-    _wire(single, name, key, life, closer)
-    single._self_retire_on = matcher(name, retire_on)
-    single._self_check = check
-    life.max_age, life.check_every = max_age, check_every
     # Making a lease runs no Python code: lease() is replaced by this
     # singleton's own lease class.
-    heals = retire_on is not None
-    leases = lease_class(single, life, slot, closer, name, heals=heals)
+    heals = options.retire_on is not None
+    leases = lease_class(single, life, slot, closer, options.name, heals=heals)
     type.__setattr__(own, "lease", leases)
-    entry = _registry.Entry(life, closer, after_fork, keep=fork == "keep")
-    _register(single, key, entry)
+    _register(
+        single,
+        options,
+        _registry.Entry(life, closer, options.after_fork, keep=options.keep),
+    )
     return single
 
 
-def make_async(  # noqa: PLR0913 -- mirrors the keyword-only options.
-    factory: Callable[[], Coroutine[Any, Any, T]],
-    *,
-    key: Callable[[], object] | None,
-    close: Callable[[T], object] | None,
-    after_fork: Callable[[T], object] | None,
-    fork: str,
-    min_rebuild_interval: float,
-    retire_on: object = None,
-    name: str | None = None,
-    max_age: float | None = None,
-    check: Callable[[Any], object] | None = None,
-    check_every: float | None = None,
+def make_async(
+    factory: Callable[[], Coroutine[Any, Any, T]], options: Options
 ) -> AsyncProcessSingleton[T]:
     """Return a new per-loop singleton for the ``async def`` *factory*."""
     single: AsyncProcessSingleton[T] = _own(AsyncProcessSingleton, factory)
-    name = name or _name(factory)
     # Held weakly, as for a thread singleton.
     cls: weakref.ReferenceType[type] = weakref.ref(type(single))
-    life: Lifecycle[T] = Lifecycle(
-        name,
-        pushed=key is None,
-        min_interval=min_rebuild_interval,
-        arm=functools.partial(_loops.arm, cls, weakref.ref(single), name),
+    arming = functools.partial(
+        _loops.arm, cls, weakref.ref(single), options.name
     )
+    life, closer = _wire(single, options, arming, is_async=True)
     single._self_seen = (-1, None, 0)
-    closer = Closer(life, close, is_async=True)
-    _wire(single, name, key, life, closer)
-    single._self_retire_on = matcher(name, retire_on)
-    single._self_check = check
-    life.max_age, life.check_every = max_age, check_every
     entry = _registry.Entry(
         life,
         closer,
-        after_fork,
-        keep=fork == "keep",
+        options.after_fork,
+        keep=options.keep,
         prune=functools.partial(_loops.prune, life),
     )
-    _register(single, key, entry)
+    _register(single, options, entry)
     return single
 
 
@@ -674,25 +660,38 @@ def _name(factory: object) -> str:
 
 def _wire(
     single: ProcessSingleton[T] | AsyncProcessSingleton[T],
-    name: str,
-    key: Callable[[], object] | None,
-    life: Lifecycle[T],
-    closer: Closer,
-) -> None:
+    options: Options,
+    arm: Callable[..., bool],
+    *,
+    is_async: bool,
+) -> tuple[Lifecycle[T], Closer]:
+    """Make *single*'s lifecycle and closer; keep its options on it."""
+    life: Lifecycle[T] = Lifecycle(
+        options.name,
+        pushed=options.key is None,
+        min_interval=options.min_rebuild_interval,
+        arm=arm,
+    )
+    life.max_age, life.check_every = options.max_age, options.check_every
+    closer = Closer(life, options.close, is_async=is_async)
     # wrapt keeps attributes named _self_* on the proxy itself.
-    single._self_name = name
-    single._self_key = key
+    single._self_name = options.name
+    single._self_key = options.key
     single._self_life = life
     single._self_closer = closer
+    single._self_retire_on = matcher(options.name, options.retire_on)
+    single._self_check = options.check
+    return life, closer
 
 
 def _register(
     single: ProcessSingleton[T] | AsyncProcessSingleton[T],
-    key: Callable[[], object] | None,
+    options: Options,
     entry: _registry.Entry,
 ) -> None:
     _registry.register(single, entry)
     # Changes of keys.env and keys.file keys (and tuples of them) are
     # pushed, not polled: the hit path stays armed until one changes.
+    key = options.key
     if key is not None and keys.subscribe(key, entry.life):
         entry.life.subscribed()
