@@ -37,7 +37,8 @@ DEMO_PACKAGE := --reinstall-package poolkeeper-daytona-demo ./adapters/daytona/d
 
 .PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
 	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
-	freethreaded freethreaded-run bench bench-otel bench-freethreaded docs sdist clean
+	freethreaded freethreaded-run bench bench-otel bench-freethreaded docs sdist clean \
+	stress
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -321,6 +322,28 @@ freethreaded-run: $(FT)/.installed
 		POOLKEEPER_STRESS_CALLERS=$(FT_STRESS_CALLERS) \
 		$(CURDIR)/$(FT)/bin/python -m pytest -q -p no:cacheprovider -s \
 		test_stress.py -k churn) || status=1; \
+	exit $$status
+
+# The churn stress for minutes (not part of `make test`: CI's budget):
+# tests/test_stress.py's churns (leases, key rotation, resets, close_all(),
+# and with probes that fail and clients that age), STRESS_SECONDS each, on
+# every installed CPython of $(MATRIX) and on the free-threaded build (once
+# built: make freethreaded), one after the other. The default: 60 s a
+# test, 8 tests, so 8 minutes a Python.
+STRESS_SECONDS ?= 60
+STRESS_CALLERS ?= 8
+STRESS_PYTHONS := $(foreach v,$(MATRIX),$(if \
+	$(wildcard $(PYENV_ROOT)/versions/$(v)/bin/python),.venv-py$(v)))
+STRESS_PYTHONS += $(if $(wildcard $(FT_PYTHON)),$(FT))
+stress: $(addsuffix /.installed,$(STRESS_PYTHONS))
+	status=0; \
+	for venv in $(STRESS_PYTHONS); do \
+		echo "== $$venv"; \
+		(cd tests && POOLKEEPER_STRESS_SECONDS=$(STRESS_SECONDS) \
+			POOLKEEPER_STRESS_CALLERS=$(STRESS_CALLERS) \
+			$(CURDIR)/$$venv/bin/python -m pytest -q -p no:cacheprovider \
+			-s test_stress.py -k churn) || status=1; \
+	done; \
 	exit $$status
 
 # The hit path against functools.cache, 1 and 2 threads, on the

@@ -33,6 +33,8 @@ from poolkeeper import _lifecycle, close_all, keys, process_singleton
 NAME = "PK_STRESS_KEY"
 SECONDS = float(os.environ.get("POOLKEEPER_STRESS_SECONDS", "2"))
 CALLERS = int(os.environ.get("POOLKEEPER_STRESS_CALLERS", "4"))
+# A churn of minutes (make stress) outlasts the suite's per-test timeout.
+pytestmark = pytest.mark.timeout(2 * SECONDS + 120)
 # The least churn a run must see before it may stop.
 MINIMUM = {"rotations": 50, "resets": 5, "close_alls": 1}
 REASONS = ("check", "max_age")
