@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -153,7 +154,15 @@ def fork_and_check(child) -> int:
             return os.waitstatus_to_exitcode(status)
         threading.Event().wait(step)
         deadline -= step
-    os.kill(pid, 9)
+    # Hung, maybe before its own code ran (in a fork hook): SIGABRT makes
+    # faulthandler (pytest enables it; the child inherits its handler)
+    # print every thread's stack to fd 2 first.
+    os.kill(pid, signal.SIGABRT)
+    for _ in range(500):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return -9
+        threading.Event().wait(0.01)
+    os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return -9
 
