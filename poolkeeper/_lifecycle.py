@@ -1319,6 +1319,14 @@ class Lifecycle(Generic[T]):
             slot.probe = None  # Nor its probes (a child arms none).
         if keep:
             self.pid = os.getpid()
+            # A probe in flight ran on a thread the child does not have
+            # (one that forked inside its own check reports into a
+            # record no longer held, and probed() ignores it): give back
+            # its hold, so that the kept client closes when retired here.
+            for record in self._holders():
+                if record.prober is not None:
+                    record.leases -= 1
+                    record.prober = None
             return []
         abandoned = list(self._holders())
         gone = [s.live for s in self.slots.values() if s.live is not None]

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from helpers import WAIT, Factory, FakeClient, wait_until
+from helpers import WAIT, Factory, FakeClient, fork_and_check, wait_until
 from test_hit_frames import frames_of
 
 import poolkeeper
@@ -297,6 +297,53 @@ class TestCheck:
         stats = single.statistics()
         assert 1 == stats.retirements["check"]
         assert 1 == stats.probe_failures
+
+
+class TestProbeAtFork:
+    def test_a_kept_client_probed_at_the_fork_closes_in_the_child(self):
+        """fork="keep": a probe running on another thread at the fork.
+
+        The child keeps the client, but not the probing thread: the
+        probe's hold on the client is given back in the child, so that a
+        retirement there closes it (before, it stayed held for ever).
+        """
+        gate = threading.Event()
+        entered = threading.Event()
+
+        def check(client: FakeClient) -> bool:
+            entered.set()
+            assert gate.wait(WAIT)
+            return True
+
+        factory = Factory()
+        single = process_singleton(check=check, check_every=0.05, fork="keep")(
+            factory
+        )
+        client = single()
+        prober = threading.Thread(
+            target=lambda: wait_until(lambda: single() and entered.is_set())
+        )
+        prober.start()
+
+        def child() -> bool:
+            held = single.statistics().leases
+            retired = single.retire(client)
+            return (held, retired, client.closes) == (0, True, [os.getpid()])
+
+        try:
+            assert entered.wait(WAIT)
+            # The parent's probe holds the client, as a lease would.
+            assert 1 == single.statistics().leases
+            assert 0 == fork_and_check(child)
+        finally:
+            gate.set()
+            prober.join(WAIT)
+        assert not prober.is_alive()
+        # The parent's probe reported; nothing of the child's here.
+        assert wait_until(lambda: single.statistics().probes == 1)
+        assert 0 == single.statistics().leases
+        assert [] == client.closes
+        assert single() is client
 
 
 class TestAsyncChecks:
