@@ -37,12 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
 import time
 
 import pytest
 from helpers import WAIT
-from test_healing_servers import LoopbackServer, fd_count, healing_builds_bound
+from test_healing_servers import (
+    Callers,
+    LoopbackServer,
+    fd_count,
+    healing_builds_bound,
+)
 
 httpx = pytest.importorskip("httpx")
 
@@ -64,57 +68,6 @@ def _deadline_wait(predicate, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return bool(predicate())
-
-
-class _Callers:
-    """Threads calling ``GET /`` through the proxy until stopped."""
-
-    def __init__(self, proxy, threads: int) -> None:
-        self.proxy = proxy
-        self.stop = threading.Event()
-        self.back = 0.0  # When the server listens again (monotonic).
-        self.warm: set[int] = set()  # Threads that had an answer.
-        self.ok_after: dict[int, float] = {}
-        self.refused = 0
-        self.failures: list[BaseException] = []
-        self.lock = threading.Lock()
-        self.threads = [
-            threading.Thread(target=self.call, args=(i,), daemon=True)
-            for i in range(threads)
-        ]
-
-    def call(self, i: int) -> None:
-        while not self.stop.is_set():
-            try:
-                status = self.proxy.get("/").status_code
-            except httpx.TransportError:
-                # A caller's own retry loop: try again shortly.
-                with self.lock:
-                    self.refused += 1
-                time.sleep(0.01)
-                continue
-            except BaseException as exc:
-                with self.lock:
-                    self.failures.append(exc)
-                return
-            now = time.monotonic()
-            with self.lock:
-                if status != 200:
-                    self.failures.append(AssertionError(status))
-                self.warm.add(i)
-                if self.back and i not in self.ok_after:
-                    self.ok_after[i] = now
-            time.sleep(0.005)
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-
-    def join(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(WAIT)
-        assert not any(t.is_alive() for t in self.threads)
 
 
 def _sample_until(end: float, samples: list[int], times: list[float]) -> None:
@@ -188,7 +141,8 @@ class _Run:
 def _outage(server: LoopbackServer, single: _Singleton) -> _Run:
     run = _Run(baseline=fd_count())
     port = server.port
-    callers = _Callers(single.api.proxy(), THREADS)
+    proxy = single.api.proxy()
+    callers = Callers(lambda: proxy.get("/").status_code, THREADS)
     callers.start()
     try:
         # Warm: every thread had an answer, the pool holds connections.

@@ -362,38 +362,47 @@ def test_the_bound_counts_the_doublings():
     assert 6 == healing_builds_bound(10.0, 1.0, 2.0)
 
 
-class _Callers:
-    """Threads calling GET / under a lease until stopped."""
+class Callers:
+    """Threads calling ``GET /`` (*get* returns its status) until stopped.
 
-    def __init__(self, api, threads: int) -> None:
-        self.api = api
+    A transport error is a failed call, retried shortly as a caller's own
+    loop would; anything else ends the thread, kept in ``failures``.
+    """
+
+    def __init__(self, get, threads: int) -> None:
+        self.get = get
         self.stop = threading.Event()
-        self.outage_over = threading.Event()
-        self.ok_after: dict[int, float] = {}
+        self.back = 0.0  # When the server listens again (monotonic).
+        self.warm: set[int] = set()  # Threads that had an answer.
+        self.ok_after: dict[int, float] = {}  # Their first since back.
+        self.refused = 0
         self.failures: list[BaseException] = []
         self.lock = threading.Lock()
         self.threads = [
-            threading.Thread(target=self.call, args=(i,))
+            threading.Thread(target=self.call, args=(i,), daemon=True)
             for i in range(threads)
         ]
 
     def call(self, i: int) -> None:
         while not self.stop.is_set():
             try:
-                with self.api.lease() as client:
-                    status = client.get("/").status_code
+                status = self.get()
             except httpx.TransportError:
+                with self.lock:
+                    self.refused += 1
                 time.sleep(0.01)
                 continue
             except BaseException as exc:
                 with self.lock:
                     self.failures.append(exc)
                 return
+            now = time.monotonic()
             with self.lock:
                 if status != 200:
                     self.failures.append(AssertionError(status))
-                if self.outage_over.is_set():
-                    self.ok_after.setdefault(i, time.monotonic())
+                self.warm.add(i)
+                if self.back and i not in self.ok_after:
+                    self.ok_after[i] = now
             time.sleep(0.005)
 
     def start(self) -> None:
@@ -405,6 +414,16 @@ class _Callers:
         for thread in self.threads:
             thread.join(WAIT)
         assert not any(t.is_alive() for t in self.threads)
+
+
+def _leased_get(api):
+    """``GET /`` under a lease of *api*: its status."""
+
+    def get() -> int:
+        with api.lease() as client:
+            return client.get("/").status_code
+
+    return get
 
 
 class TestOutage:
@@ -424,7 +443,7 @@ class TestOutage:
 
         baseline = fd_count()
         samples: list[int] = []
-        callers = _Callers(api, _THREADS)
+        callers = Callers(_leased_get(api), _THREADS)
         callers.start()
         try:
             time.sleep(0.5)  # Warm: the threads have their connections.
@@ -437,8 +456,7 @@ class TestOutage:
                     time.sleep(0.05)
                 builds_in_outage = api.statistics().builds - builds_before
                 window = time.monotonic() - began
-            back = time.monotonic()
-            callers.outage_over.set()
+            back = callers.back = time.monotonic()
             assert wait_until(
                 lambda: len(callers.ok_after) == _THREADS, cap + 10
             )

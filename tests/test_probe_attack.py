@@ -180,19 +180,7 @@ class TestAsyncCheckRaisesBaseException:
 
     def test_a_cancelled_prober_gives_the_probe_back(self):
         """The task awaiting an async check is cancelled: due again."""
-        gate: list[asyncio.Event] = []
-        runs: list[int] = []
-
-        async def check(client: FakeClient) -> bool:
-            runs.append(1)
-            if len(runs) == 1:
-                await gate[0].wait()
-            return True
-
-        async def make() -> FakeClient:
-            return FakeClient()
-
-        single = process_singleton(check=check, check_every=HOUR)(make)
+        single, gate, runs = _gated_async(every_run=False)
 
         async def main() -> None:
             gate.append(asyncio.Event())
@@ -219,6 +207,28 @@ class TestAsyncCheckRaisesBaseException:
             assert [os.getpid()] == client.closes
 
         asyncio.run(main())
+
+
+def _gated_async(*, every_run: bool):
+    """An async singleton whose check waits on ``gate[0]`` (made in the loop).
+
+    Returns the singleton, the gate and the check's runs; with
+    *every_run* false only the first run waits.
+    """
+    gate: list[asyncio.Event] = []
+    runs: list[int] = []
+
+    async def check(client: FakeClient) -> bool:
+        runs.append(1)
+        if every_run or len(runs) == 1:
+            await gate[0].wait()
+        return True
+
+    async def make() -> FakeClient:
+        return FakeClient()
+
+    single = process_singleton(check=check, check_every=HOUR)(make)
+    return single, gate, runs
 
 
 class TestReplacedWhileProbed:
@@ -260,18 +270,7 @@ class TestReplacedWhileProbed:
         assert [os.getpid()] == new.closes
 
     def test_async_the_old_client_closes_when_its_probe_ends(self):
-        gate: list[asyncio.Event] = []
-        entered: list[int] = []
-
-        async def check(client: FakeClient) -> bool:
-            entered.append(1)
-            await gate[0].wait()
-            return True
-
-        async def make() -> FakeClient:
-            return FakeClient()
-
-        single = process_singleton(check=check, check_every=HOUR)(make)
+        single, gate, entered = _gated_async(every_run=True)
 
         async def main() -> None:
             gate.append(asyncio.Event())
