@@ -244,6 +244,19 @@ def _no_hit_path(_client: object, _record: object, _pushed: object) -> bool:
     return True
 
 
+def _stranded(slot: Slot) -> bool:
+    """In a forked child: whether *slot*'s loop was running at the fork.
+
+    It still says it is running, but no thread runs it here, and asyncio
+    itself reports no running loop in a forked child (the thread that
+    forked inside a coroutine included): nothing can use or close a client
+    on it.
+    """
+    loop = None if slot.loop is None else slot.loop()
+    running = getattr(loop, "is_running", None)
+    return running is not None and bool(running())
+
+
 class Lifecycle(Generic[T]):
     """The state of one singleton, and every rule that changes it."""
 
@@ -1306,7 +1319,10 @@ class Lifecycle(Generic[T]):
         """In a forked child: fresh lock, no builds; abandon unless *keep*.
 
         Takes no lock (another thread of the parent may have held it at the
-        fork) and returns the abandoned records, never to be closed.
+        fork) and returns the abandoned records, never to be closed. With
+        *keep*, the clients of event loops running at the fork are
+        abandoned all the same: no thread of the child runs those loops,
+        so nothing could use or close them there.
         """
         self.lock = threading.RLock()
         self.arm(None, None, self.pushed)
@@ -1327,23 +1343,42 @@ class Lifecycle(Generic[T]):
                 if record.prober is not None:
                     record.leases -= 1
                     record.prober = None
-            return []
-        abandoned = list(self._holders())
-        gone = [s.live for s in self.slots.values() if s.live is not None]
+            slots = [s for s in self.slots.values() if _stranded(s)]
+        else:
+            slots = list(self.slots.values())
+            self._zero()
+            self.forked = ()
+        return self._abandon(slots)
+
+    def _abandon(self, slots: list[Slot]) -> list[Record[Any]]:
+        """Abandon every record of *slots*, in a forked child; drop them.
+
+        The process's slot (key None) stays, empty. The live clients count
+        as retired by the fork; their events wait for the child's first use
+        of the singleton (take_forked): nothing logs here.
+        """
+        abandoned = [
+            record
+            for slot in slots
+            for record in (slot.live, *slot.retired)
+            if record is not None
+        ]
+        gone = [s.live for s in slots if s.live is not None]
         for record in abandoned:
             record.open, record.state = False, ClientState.ABANDONED
-        for slot in self.slots.values():
+        for slot in slots:
             if slot.live is not None:
                 slot.cause = "fork"
             slot.live, slot.retired, slot.built_at = None, (), float("-inf")
             slot.dropped = slot.key is not None
-        self.slots = {k: s for k, s in self.slots.items() if k is None}
-        self._zero()
-        # The child's counters start at zero, but for the live clients
-        # it abandoned at the fork; their events wait for the child's
-        # first use of the singleton (take_forked): nothing logs here.
-        self.retirements["fork"] = len(gone)
-        self.forked = tuple(self._said(record, "fork") for record in gone)
+        self.slots = {
+            k: s for k, s in self.slots.items() if k is None or not s.dropped
+        }
+        self.retirements["fork"] += len(gone)
+        self.forked = (
+            *self.forked,
+            *(self._said(record, "fork") for record in gone),
+        )
         return abandoned
 
     @locked

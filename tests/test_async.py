@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import threading
+import warnings
 
 import pytest
 from helpers import WAIT, fork_and_check
@@ -384,6 +385,80 @@ class TestFork:
             assert [loop] == parent.closed_on
         finally:
             loop.close()
+
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
+    def test_keep_child_abandons_clients_of_loops_on_other_threads(self):
+        """fork="keep", a client on a loop another thread runs.
+
+        No thread of the child runs that loop: the child abandons the
+        client (never uses or closes it) instead of keeping it, and its
+        close_all() does not wait for the loop (it used to give up after
+        30 s a client, saying the close did not finish in time). The
+        parent's client is untouched.
+        """
+        single, _ = make(fork="keep")
+        loop = asyncio.new_event_loop()
+        runner = threading.Thread(target=loop.run_forever, daemon=True)
+        runner.start()
+        try:
+            parent = asyncio.run_coroutine_threadsafe(single(), loop).result(
+                WAIT
+            )
+
+            def child() -> bool:
+                stats = single.statistics()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    poolkeeper.close_all()
+                mine = asyncio.run(single())
+                return (
+                    stats.retirements["fork"] == 1
+                    and stats.pending_close == 0
+                    and mine is not parent
+                    and [] == parent.closed_on
+                )
+
+            assert 0 == fork_and_check(child)
+            assert [] == parent.closed_on
+            again = asyncio.run_coroutine_threadsafe(single(), loop)
+            assert again.result(WAIT) is parent
+            done = asyncio.run_coroutine_threadsafe(aclose_all(), loop)
+            done.result(WAIT)
+            assert [loop] == parent.closed_on
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            runner.join(WAIT)
+            loop.close()
+
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
+    def test_keep_child_forked_inside_a_coroutine_abandons_too(self):
+        """fork="keep", forked inside a coroutine of the client's loop.
+
+        asyncio reports no running loop in a forked child, even on the
+        thread that forked: the child abandons that client as well, and
+        its close_all() does not wait for the loop.
+        """
+        single, _ = make(fork="keep")
+
+        async def main() -> None:
+            parent = await single()
+
+            def child() -> bool:
+                stats = single.statistics()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    poolkeeper.close_all()
+                return (stats.retirements["fork"], parent.closed_on) == (
+                    1,
+                    [],
+                )
+
+            assert 0 == fork_and_check(child)
+            assert await single() is parent
+            await aclose_all()
+            assert [asyncio.get_running_loop()] == parent.closed_on
+
+        asyncio.run(main())
 
     @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
     def test_after_fork_failure_is_logged_on_first_use(self, caplog):
