@@ -627,6 +627,8 @@ def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
         record.timers["probe"] = _timer(
             life.check_every, life.due, record.slot, record.sequence, count
         )
+        if record.state is ClientState.CLOSED:
+            record.cancel_timers()  # Closed meanwhile, as armed_timers.
 
 
 def say(name: str, verdict: Verdict | None) -> None:

@@ -325,20 +325,23 @@ def release_dropped() -> None:
             _dropped.append(ref)  # Inside a transition of this thread's.
             continue
         held: list[bool] = []
+        pinned: list[bool] = []
         try:
             held.extend(map(lock.acquire, _NO_WAIT))
             if held[0]:
-                cls._life.unpin(ref)
+                pinned.append(cls._life.unpin(ref))
             else:
                 _dropped.append(ref)
         finally:
             if held and held[0]:
                 lock.release()
-        if held[0]:
+        if pinned and pinned[0]:
+            # Not when the lease exited and its entry outlived it (freed
+            # late, as on a free-threaded build): it was not dropped.
             warn_dropped(cls._name)
-            if ref.doomed is not None:
-                record, ref.doomed = ref.doomed, None
-                close_soon(cls._closer, record)
+        if held[0] and ref.doomed is not None:
+            record, ref.doomed = ref.doomed, None
+            close_soon(cls._closer, record)
 
 
 def warn_dropped(name: str) -> None:

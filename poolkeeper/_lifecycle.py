@@ -244,6 +244,10 @@ def _no_hit_path(_client: object, _record: object, _pushed: object) -> bool:
     return True
 
 
+#: What a pin's entry is not: an exit may have taken it out already.
+_ABSENT: Final = object()
+
+
 def _stranded(slot: Slot) -> bool:
     """In a forked child: whether *slot*'s loop was running at the fork.
 
@@ -712,20 +716,22 @@ class Lifecycle(Generic[T]):
         )
         return True
 
-    def unpin(self, lease: Holder) -> None:
+    def unpin(self, lease: Holder) -> bool:
         """End *lease*'s pin, if it holds one; idempotent.
 
         Call with the lock held (through ``under``). When this was the last
         lease of a retired record, that record goes to ``lease.doomed``.
+        Returns whether *lease* was still among its record's pins (an exit
+        takes it out before it gets here).
         """
         record = lease.pin
         if not isinstance(record, Record):  # Not pinned, or already ended.
-            return
+            return False
         pins = record.pins
-        pins.pop(lease, None)
+        held = pins.pop(lease, _ABSENT) is not _ABSENT
         if pins or record.leases or record.state is not ClientState.RETIRED:
             lease.pin = DONE
-            return
+            return held
         retired, close = self._last_lease(record)
         owed = self.owed if close is None else (*self.owed, close)
         stores(
@@ -736,6 +742,7 @@ class Lifecycle(Generic[T]):
             (lease, "doomed", close),
             (self, "owed", owed),
         )
+        return held
 
     def _last_lease(
         self, record: Record[T]

@@ -177,7 +177,11 @@ class Record(Generic[T]):
 
     def cancel_timers(self) -> None:
         """Cancel this client's timers: it is closed, nothing is due."""
-        for timer in tuple(self.timers.values()):
+        # A copy in one call: another thread may arm the next probe's
+        # timer meanwhile, and without the GIL iterating the dict itself
+        # could then fail (which left a client unclosed). That timer sees
+        # the record closed once it is in (see _builds._next_probe).
+        for timer in self.timers.copy().values():
             timer.cancel()
 
     def matches(self, key_hash: int, key: object) -> bool:
