@@ -36,7 +36,7 @@ ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
 DEMO_PACKAGE := --reinstall-package poolkeeper-daytona-demo ./adapters/daytona/demo
 
 .PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
-	unit-core unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
+	unit-core machines unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
 	freethreaded freethreaded-run bench bench-otel bench-freethreaded docs sdist clean \
 	stress
 
@@ -92,9 +92,19 @@ typecheck: venv
 		--verifytypes poolkeeper --ignoreexternal
 
 # The core suite, its state machines at full strength. tests/sdks runs
-# in its own target (sdks).
+# in its own target (sdks). Not part of `make test`, which runs the same
+# suite once, under coverage, and the state machines at full strength in
+# their own target (machines).
 unit-core: venv
 	cd tests && ../$(BIN)/python -m pytest --ignore=sdks
+
+# The Hypothesis state machines over real threads, forks and timers at
+# full strength (the ci profile: 2,000 examples, healing's 300); coverage
+# runs them with the dev profile's 200. The lifecycle's own machine
+# (test_lifecycle_machine.py) sets its examples itself: coverage runs it.
+machines: venv
+	cd tests && HYPOTHESIS_PROFILE=ci ../$(BIN)/python -m pytest -q \
+		-p no:cacheprovider test_concurrency.py test_healing_machine.py
 
 # The core suite again under coverage (.ci/coverage): branch coverage of
 # poolkeeper/, subprocesses and forked children included (coverage's patch
@@ -145,10 +155,25 @@ no-sdk: $(NOSDK)/.installed
 		../../../../$(NOSDK)/bin/python -m pytest -q -p no:cacheprovider \
 		-W error -rs
 
+# The whole suite runs on every CPython of the matrix, with the adapter
+# and the SDK installed; here, without them, the tests of what their
+# absence changes: no hooks registered by an entry point, OpenTelemetry
+# absent, the public API, decorating and building, the check CLI, forks.
+CORE_ONLY_TESTS := test_adapters.py test_events_core.py test_exports.py \
+	test_decorator.py test_build.py test_keys.py test_fork.py test_check.py \
+	test_close.py test_watch.py
 core-only: $(CORE)/.installed
 	! $(CORE)/bin/python -c "import daytona" 2>/dev/null
+	! $(CORE)/bin/python -c "import poolkeeper_daytona" 2>/dev/null
+	$(CORE)/bin/python -c "import sys, poolkeeper; \
+		from poolkeeper import keys, process_singleton; \
+		assert 'wrapt' in sys.modules; \
+		extra = {'daytona', 'opentelemetry', 'httpx'} & set(sys.modules); \
+		assert not extra, extra; \
+		single = process_singleton(key=keys.env('PK_CORE_ONLY'))(object); \
+		assert single() is single(); poolkeeper.close_all()"
 	cd tests && HYPOTHESIS_PROFILE=dev ../$(CORE)/bin/python -m pytest -q \
-		-p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks
+		-p no:cacheprovider $(CORE_ONLY_TESTS)
 
 # Real SDK clients (httpx, requests, urllib3, OpenAI, redis-py, boto3,
 # gRPC) against servers that tests/sdks starts on 127.0.0.1 and stops.
@@ -158,12 +183,15 @@ sdks: venv
 
 # The core and adapter suites on each CPython of $(MATRIX), each in its own
 # venv (.venv-py<version>), the state machines with fewer examples. The
-# version $(PYTHON) is runs unit-core and unit-adapter instead.
+# version $(PYTHON) is runs coverage and unit-adapter instead. The one
+# in $(WRAPT_OLD_ON) runs both suites on wrapt 1.17.x, the lowest wrapt
+# the core declares (every other venv has wrapt 2.x).
+WRAPT_OLD_ON ?= 3.10.13
 .venv-py%/.installed: $(UV) $(SOURCES)
 	test -x $(@D)/bin/python || $(UV) venv --quiet \
 		--python $(PYENV_ROOT)/versions/$*/bin/python $(@D)
 	$(UV) pip install --python $(@D)/bin/python --quiet $(PACKAGES) \
-		--group test $(ADAPTER_TEST)
+		--group test $(ADAPTER_TEST) $(if $(filter $(WRAPT_OLD_ON),$*),"wrapt>=1.17,<2")
 	touch $@
 
 py-%:
@@ -172,10 +200,14 @@ py-%:
 		exit 0; \
 	fi; \
 	if [ "$$($(PYTHON) -c 'import platform; print(platform.python_version())')" = "$*" ]; then \
-		echo "CPython $* is $(PYTHON): unit-core and unit-adapter ran it"; \
+		echo "CPython $* is $(PYTHON): coverage and unit-adapter ran it"; \
 		exit 0; \
 	fi; \
 	$(MAKE) --no-print-directory .venv-py$*/.installed || exit 1; \
+	.venv-py$*/bin/python -c "import importlib.metadata as m; \
+		v = m.version('wrapt'); print('wrapt', v); \
+		assert ('$*' == '$(WRAPT_OLD_ON)') == v.startswith('1.'), v" \
+		|| exit 1; \
 	status=0; \
 	(cd tests && HYPOTHESIS_PROFILE=dev ../.venv-py$*/bin/python -m pytest \
 		-q -p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks) \
@@ -187,10 +219,15 @@ py-%:
 matrix: $(addprefix py-,$(MATRIX))
 
 # Every target runs, whatever failed before it; a summary lists them all.
-test:
-	@.ci/run-targets lint typecheck docs doctest unit-core unit-adapter sdks \
-		coverage core-only no-sdk demo-smoke sdist pip-compat sdk-matrix \
-		$(addprefix py-,$(MATRIX)) freethreaded
+# Two at a time (JOBS): most of the suites' time is waiting (timers,
+# threads, forks, servers), not computing. The longest start first; the
+# shared dev venv is made before any of them.
+JOBS ?= 2
+test: venv
+	@.ci/run-targets -j $(JOBS) freethreaded coverage \
+		$(addprefix py-,$(MATRIX)) machines sdks unit-adapter sdk-matrix \
+		pip-compat doctest docs typecheck lint core-only no-sdk demo-smoke \
+		sdist
 
 # The core's sdist holds the core's files only; the adapter's wheel holds
 # the library only (no demo, no console script) and its hooks' entry point.
@@ -220,11 +257,9 @@ clean:
 # both distributions from source beside the newest daytona, as users
 # write it (`pip install poolkeeper-daytona daytona`), then with the sdk
 # extra; `pip check` must agree. The current pip does the same first
-# install in a venv of its own. The test tools
-# come after, with uv (they are dependency groups, which that pip cannot
-# read). Then the smoke checks, the core suite and the adapter's run on
-# wrapt 1.17.x; on wrapt 2.x the smoke checks run here and the suites in
-# unit-core and unit-adapter.
+# install in a venv of its own. The smoke checks run on wrapt 1.17.x and
+# on 2.x; the core and adapter suites run on wrapt 1.17.x in py-$(WRAPT_OLD_ON)
+# and on 2.x everywhere else.
 PIPV := .venv-pip
 pip-compat: $(UV)
 	rm -rf $(PIPV)
@@ -239,12 +274,7 @@ pip-compat: $(UV)
 	$(PIPV)/bin/python -m pip check
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=1.17,<2"
 	$(PIPV)/bin/python -m pip check
-	$(UV) pip install --python $(PIPV)/bin/python --quiet \
-		--group test $(ADAPTER_TEST)
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
-	cd tests && HYPOTHESIS_PROFILE=dev ../$(PIPV)/bin/python -m pytest -q \
-		-p no:cacheprovider --ignore=processes/test_ray.py --ignore=sdks
-	cd adapters/daytona && ../../$(PIPV)/bin/python -m pytest -q
 	$(PIPV)/bin/python -m pip install --quiet "wrapt>=2"
 	$(PIPV)/bin/python .ci/wrapt_smoke.py
 	rm -rf $(PIPV)-current

@@ -5,7 +5,7 @@ for four scenarios, the poolkeeper modules with a Python frame executed
 (``sys.settrace`` in the calling thread; a fork's child reports its own),
 the count first. ``docs/core-concepts.md`` walks the same four by hand.
 
-    .venv/bin/python benchmarks/walks.py
+    .venv/bin/python benchmarks/walks.py [--json]
 
 The scenarios: a call of a built singleton (no key: the armed hit path); a
 call after a watched environment write (the write, then the rebuild that
@@ -123,15 +123,22 @@ async def _make_async() -> Client:
     return Client()
 
 
-def main() -> None:
-    """Print each walk: its count, then its modules."""
-    for name, walk in (
-        ("call of a built singleton", hit),
-        ("rebuild after an environment write", rebuild),
-        ("fork (the child's fork hook)", fork),
-        ("async loop end", loop_end),
-    ):
-        modules = walk()
+#: Each walk: its name, and the function that measures it.
+WALKS: tuple[tuple[str, Callable[[], list[str]]], ...] = (
+    ("call of a built singleton", hit),
+    ("rebuild after an environment write", rebuild),
+    ("fork (the child's fork hook)", fork),
+    ("async loop end", loop_end),
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print each walk: its count, then its modules (--json: a mapping)."""
+    found = {name: walk() for name, walk in WALKS}
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        print(json.dumps(found))
+        return
+    for name, modules in found.items():
         print(f"{name}: {len(modules)}: {' '.join(modules)}")
 
 

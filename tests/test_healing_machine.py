@@ -129,11 +129,21 @@ class AsyncClient(Client):
         self.close()
 
 
-def _timers() -> list[threading.Thread]:
+def _timers(life: object) -> list[threading.Thread]:
+    """The live timer threads of the singleton whose lifecycle is *life*.
+
+    Only its own: an earlier test's timer (a deferred reset's hour, say)
+    sleeps on and must not cost every example a wait.
+    """
     return [
         t
         for t in threading.enumerate()
-        if t.name == _builds.TIMER_NAME and t.is_alive()
+        if t.name == _builds.TIMER_NAME
+        and t.is_alive()
+        and (
+            getattr(getattr(t, "function", None), "__self__", None) is life
+            or any(a is life for a in getattr(t, "args", ()))
+        )
     ]
 
 
@@ -520,7 +530,8 @@ class Healing(RuleBasedStateMachine):
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
         # This example's timers find nothing to do now; let them end.
-        wait_until(lambda: not _timers(), 1.0)
+        life = self.single._self_life
+        wait_until(lambda: not _timers(life), 1.0)
 
 
 # -- in a forked child -------------------------------------------------------
