@@ -187,11 +187,12 @@ sdks: venv
 # in $(WRAPT_OLD_ON) runs both suites on wrapt 1.17.x, the lowest wrapt
 # the core declares (every other venv has wrapt 2.x).
 WRAPT_OLD_ON ?= 3.10.13
+WRAPT_OLD := "wrapt>=1.17,<2"
 .venv-py%/.installed: $(UV) $(SOURCES)
 	test -x $(@D)/bin/python || $(UV) venv --quiet \
 		--python $(PYENV_ROOT)/versions/$*/bin/python $(@D)
 	$(UV) pip install --python $(@D)/bin/python --quiet $(PACKAGES) \
-		--group test $(ADAPTER_TEST) $(if $(filter $(WRAPT_OLD_ON),$*),"wrapt>=1.17,<2")
+		--group test $(ADAPTER_TEST) $(if $(filter $(WRAPT_OLD_ON),$*),$(WRAPT_OLD))
 	touch $@
 
 py-%:
