@@ -171,7 +171,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             report_fork_errors(self._self_name, life.fork_errors)
         slot = self._slot()
         name, key = self._self_name, self._self_key
-        epoch, key_hash, value = read_key(life, key, name)
+        epoch, key_hash, value, began, until = read_key(life, key, name)
         live = slot.live
         # No lock: this slot's clients are only ever closed on this loop,
         # so none can start closing while this code runs. A pushed key's
@@ -193,7 +193,9 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             for _ in range(MAX_ROUNDS):
                 if slot.dropped:
                     slot = self._slot()
-                    epoch, key_hash, value = read_key(life, key, name)
+                    epoch, key_hash, value, began, until = read_key(
+                        life, key, name
+                    )
                     continue
                 asked = slot, loop.create_future()
                 live = slot.live
@@ -207,10 +209,12 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                     epoch,
                     owner,
                     constant(asked[1]),
+                    began=began,
+                    ended=until,
                 )
                 match step:
-                    case None:  # The live record changed: compare again.
-                        continue
+                    case None:  # Read the key and compare again.
+                        pass
                     case Serve(record=record):
                         if life.pushed:  # Only a pushed key's is reused.
                             seen = (epoch, record.slot, record.sequence)
@@ -236,7 +240,9 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                         error = ticket.error_for(key_hash, value)
                         if error is not None:
                             raise error  # noqa: TRY301 -- the build's, as is.
-                epoch, key_hash, value = read_key(life, key, name)
+                epoch, key_hash, value, began, until = read_key(
+                    life, key, name
+                )
             why = "retired" if key is None else "build"
             raise too_many_rounds(name, why)  # noqa: TRY301
         except BaseException:

@@ -55,6 +55,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 import random
 import sys
@@ -238,22 +239,34 @@ def report(name: str, run: BuildRun[Any], *, is_async: bool) -> None:
 # -- the key ------------------------------------------------------------
 
 
+#: Numbers the start and the end of every key read (next() on it is
+#: atomic): a read that began after another ended saw a value at least as
+#: new as that one did (see Lifecycle.request).
+_reads = itertools.count(1)
+
+
 def read_key(
     life: Lifecycle[Any],
     key: Callable[[], object] | None,
     name: str,
     value: object = NOTHING,
-) -> tuple[int, int, object]:
-    """Return ``(epoch, hash, value)`` of the key, read after the epoch.
+    began: int = 0,
+) -> tuple[int, int, object, int, int]:
+    """Return ``(epoch, hash, value, began, ended)`` of a read of the key.
 
     The epoch is read before the key: a change between the two keeps the
-    hit path disarmed (see :meth:`Lifecycle.request`). A *value* the polled
-    hit path already read is used instead of calling *key* again.
+    hit path disarmed (see :meth:`Lifecycle.request`). *began* and *ended*
+    number the read's start and end on one count for the process. A
+    *value* the polled hit path already read is used instead of calling
+    *key* again, with *began*: a number its read began after (the armed
+    record's read end); 0, the oldest, when not known.
     """
     epoch = life.epoch
     if value is NOTHING:
-        return (epoch, *evaluate_key(key, name))
-    return (epoch, *hash_key(value, name))
+        began = next(_reads)
+        key_hash, value = evaluate_key(key, name)
+        return epoch, key_hash, value, began, next(_reads)
+    return (epoch, *hash_key(value, name), began, next(_reads))
 
 
 # -- waits --------------------------------------------------------------

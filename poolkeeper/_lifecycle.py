@@ -470,13 +470,27 @@ class Lifecycle(Generic[T]):
         epoch: int,
         owner: object,
         new_done: Callable[[], object],
+        *,
+        began: int | None = None,
+        ended: int = 0,
     ) -> Serve | Probe | Wait | Build | None:
         """Decide what a call for *key*, read at *epoch*, does next.
 
         The caller compared *key* with the slot's live record, *compared*,
         before, with no lock held (a key's ``__eq__`` is user code): it
-        *matched* or not. None means the live record changed meanwhile:
-        compare again.
+        *matched* or not. None means: read the key again and compare
+        again; the live record changed meanwhile, or the key the call read
+        may be older than the live record's.
+
+        *began* and *ended* number the start and the end of the call's key
+        read (``_builds.read_key``; None: no order is known). A call builds
+        only for a key it read after the last change pushed (*epoch* is
+        still the lifecycle's) and after the live record's own read ended;
+        otherwise its key may be older than the live record's, and it
+        reads the key again. Without this, a caller that read the key just
+        before a change would build the old value, retire the new client,
+        and the fresh callers would retire its in turn (a build storm under
+        rotation).
         """
         live = slot.live
         if live is not compared:
@@ -507,7 +521,14 @@ class Lifecycle(Generic[T]):
             return Serve(live)
         if slot.build is not None:
             return Wait(slot.build)
-        ticket = Ticket(slot, key_hash, key, owner, new_done(), self.name)
+        if began is not None and (
+            epoch != self.epoch
+            or (live is not None and began < live.read_ended)
+        ):
+            return None
+        ticket = Ticket(
+            slot, key_hash, key, owner, new_done(), self.name, ended
+        )
         slot.build = ticket
         return Build(ticket)
 

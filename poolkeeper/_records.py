@@ -138,6 +138,7 @@ class Record(Generic[T]):
         "open",
         "pins",
         "prober",
+        "read_ended",
         "sequence",
         "slot",
         "state",
@@ -148,6 +149,7 @@ class Record(Generic[T]):
         self.client = client
         self.key_hash = ticket.key_hash
         self.key = ticket.key
+        self.read_ended = ticket.read_ended
         self.slot = ticket.slot
         self.generation = generation
         self.sequence = next(_sequence)
@@ -204,6 +206,7 @@ class Ticket:
         "key_hash",
         "name",
         "owner",
+        "read_ended",
         "record",
         "retired",
         "slot",
@@ -217,10 +220,14 @@ class Ticket:
         owner: object,
         done: Any,  # noqa: ANN401 -- the driver's event or future.
         name: str,
+        read_ended: int = 0,
     ) -> None:
         self.slot = slot
         self.key_hash = key_hash
         self.key = Sealed(key)
+        # When the read of its key ended (a number of _builds.read_key's
+        # count): a call whose read began later saw a value as new or newer.
+        self.read_ended = read_ended
         self.owner = owner
         self.done = done
         self.name = name

@@ -75,7 +75,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class _Missing(Protocol[T_co]):
-    def _miss(self, value: object) -> T_co: ...
+    def _miss(self, value: object, began: int) -> T_co: ...
 
 
 def arm(  # noqa: PLR0913, PLR0917 -- bound to the first three.
@@ -130,7 +130,7 @@ def _arm_polled(
         # pins and checks the record again (see _lease).
         if same and record.state is live:
             return client
-        return self._miss(now)
+        return self._miss(now, record.read_ended)
 
     type.__setattr__(cls, "__call__", polled)
 
@@ -205,16 +205,19 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             return won[0]
         return self._acquire(NOTHING).client
 
-    def _miss(self, value: object) -> T:
+    def _miss(self, value: object, began: int) -> T:
         # A polled hit path's miss, with the key value it read: the key is
-        # evaluated once per call.
+        # evaluated once per call. That read began once the armed record's
+        # own read had ended (*began*: the end's number).
         if won := self._self_life.override():
             return won[0]
-        return self._acquire(value).client
+        return self._acquire(value, began).client
 
     # -- calls --------------------------------------------------------------
 
-    def _acquire(self, value: object) -> Record[T]:  # noqa: C901, PLR0912
+    def _acquire(  # noqa: C901, PLR0912
+        self, value: object, began: int = 0
+    ) -> Record[T]:
         # Ask the lifecycle, act on its answer, until served (see
         # Lifecycle.request). The key is compared here, with no lock held
         # (its __eq__ is user code); request() says if the live record
@@ -224,7 +227,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         if life.fork_errors:
             report_fork_errors(name, life.fork_errors)
         me = threading.get_ident()
-        epoch, key_hash, value = read_key(life, key, name, value)
+        epoch, key_hash, value, began, until = read_key(
+            life, key, name, value, began
+        )
         # The wake-up of this call's latest request, with its slot: a call
         # unwinding by an exception gives them to settle_unbegun().
         asked: tuple[Slot | None, threading.Event | None] = (None, None)
@@ -242,10 +247,12 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                     epoch,
                     me,
                     constant(asked[1]),
+                    began=began,
+                    ended=until,
                 )
                 match step:
-                    case None:  # The live record changed: compare again.
-                        continue
+                    case None:  # Read the key and compare again.
+                        pass
                     case Serve(record=record):
                         return record
                     case Probe(record=record):
@@ -269,7 +276,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                         error = ticket.error_for(key_hash, value)
                         if error is not None:
                             raise error  # noqa: TRY301 -- the build's, as is.
-                epoch, key_hash, value = read_key(life, key, name)
+                epoch, key_hash, value, began, until = read_key(
+                    life, key, name
+                )
             why = "retired" if key is None else "build"
             raise too_many_rounds(name, why)  # noqa: TRY301
         except BaseException:

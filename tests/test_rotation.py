@@ -1,9 +1,11 @@
-"""Behaviour 1, forced: no call returns a client whose close has started.
+"""Behaviour 1, forced: a call with a stale key never builds over a newer one.
 
-Under ``keys.env`` rotation a build for an older key can finish after a
-client for a newer key went live and was armed on the hit path; that build
-retires (and closes) the newer client. Replacing a live client must disarm
-first, so while that close runs every call takes the slow path.
+Under ``keys.env`` rotation a call can read the key just before a write
+and ask the lifecycle only after a client for the new value went live
+(and was armed on the hit path). It used to build for its stale value and
+retire (close) the newer client; callers of the new value then retired
+its client in turn, a build storm (tests/test_rotation_storm.py). Now it
+reads the key again and is served the newer client.
 """
 
 from __future__ import annotations
@@ -44,12 +46,21 @@ def _join(*threads: threading.Thread) -> None:
         assert not thread.is_alive(), "thread hung"
 
 
-class TestOlderBuildFinishingLast:
-    def test_newer_client_closed_by_an_older_build_is_never_served(self, env):
-        """An A build finishing after B went live: no call gets B closing."""
+class TestStaleReadNeverBuilds:
+    def _paused_caller(self, single):
+        """A caller that read the key, stopped before asking the lifecycle."""
+        pause = Pause("_acquire", "step = life.request(")
+        box: list[object] = []
+        caller = threading.Thread(
+            target=pause.run(lambda: box.append(single()))
+        )
+        caller.start()
+        assert pause.reached.wait(WAIT)
+        return pause, caller, box
+
+    def test_a_call_that_read_before_a_write_gets_the_newer_client(self, env):
+        """A read, then B built and armed: the A caller is served B."""
         built: list[Client] = []
-        in_close = threading.Event()
-        finish_close = threading.Event()
 
         def factory() -> Client:
             client = Client()
@@ -58,80 +69,59 @@ class TestOlderBuildFinishingLast:
 
         def close(client: Client) -> None:
             client.close_started = True
-            if client is built[1]:  # B's first client: hold its close.
-                in_close.set()
-                assert finish_close.wait(WAIT), "close never released"
 
         single = process_singleton(key=keys.env(NAME), close=close)(factory)
         env[NAME] = "A"
         a1 = single()
         env[NAME] = "other"  # Disarms, so the next call is slow (a
         env[NAME] = "A"  # write of the same value would not).
-        # The A caller reads key A, then stops before asking the lifecycle.
-        pause = Pause("_acquire", "step = life.request(")
-        box: list[object] = []
-        caller = threading.Thread(
-            target=pause.run(lambda: box.append(single()))
-        )
-        caller.start()
+        pause, caller, box = self._paused_caller(single)
         try:
-            assert pause.reached.wait(WAIT)
             env[NAME] = "B"
             b1 = single()  # Built, live, and armed by this second call:
             assert b1 is single()
-            assert ("B",) == _live_key(single)
             assert a1.close_started
-            # The A caller resumes: its build finishes last, retires B1, and
-            # its thread stops inside B1's close.
-            pause.release.set()
-            assert in_close.wait(WAIT)
-            assert built[2] is single._self_slot.live.client
-            assert ("A",) == _live_key(single)
-            assert b1.close_started
-            # While B1's close runs, every call gets a client not closing.
-            served = [single() for _ in range(5)]
-            assert b1 not in served, "served a closing client"
-            assert not any(c.close_started for c in served)
-            assert [built[3]] * 5 == served
-            assert ("B",) == _live_key(single)
         finally:
             pause.release.set()
-            finish_close.set()
             _join(caller)
-        # The A caller got what was live when it returned, never B1.
-        (got,) = box
-        assert isinstance(got, Client)
-        assert got is not b1
-        assert not got.close_started
-        # The scenario really happened: A1, B1, A2, B2 built (and perhaps
-        # A3 for the stale caller), every displaced one closed once.
-        assert len(built) >= 4
-        live = single._self_slot.live.client
-        assert all(c.close_started for c in built if c is not live)
+        # The A caller read its key again: served B1, built nothing.
+        assert [b1] == box
+        assert [a1, b1] == built
+        assert not b1.close_started
+        assert ("B",) == _live_key(single)
+        assert b1 is single()
 
-    def test_without_disarming_the_close_would_be_served(self, env):
-        """The test above fails if built() forgets to disarm first."""
-        from poolkeeper import _lifecycle
+    def test_a_value_written_over_is_not_built_after_the_key_came_back(
+        self, env
+    ):
+        """A, then B read by a caller, then A again: no B is built.
 
-        original = _lifecycle.Lifecycle.built
-        source = original.__wrapped__  # type: ignore[attr-defined]
+        The B caller's read began after A1's read ended, but a write came
+        after it (the epoch moved): its value is older than the live
+        client's, whose value is current again, and armed again.
+        """
+        built: list[Client] = []
 
-        def careless(self, *args):
-            arm = self.arm
-            self.arm = lambda *_: True  # Never disarms here.
-            try:
-                with self.lock:
-                    source(self, *args)
-            finally:
-                self.arm = arm
+        def factory() -> Client:
+            client = Client()
+            built.append(client)
+            return client
 
-        _lifecycle.Lifecycle.built = careless  # type: ignore[method-assign]
+        def close(client: Client) -> None:
+            client.close_started = True
+
+        single = process_singleton(key=keys.env(NAME), close=close)(factory)
+        env[NAME] = "A"
+        a1 = single()
+        env[NAME] = "B"
+        pause, caller, box = self._paused_caller(single)
         try:
-            with pytest.raises(
-                AssertionError, match="served a closing client"
-            ):
-                self.test_newer_client_closed_by_an_older_build_is_never_served(
-                    env
-                )
+            env[NAME] = "A"
+            assert a1 is single()  # Served and armed again: A is current.
+            assert a1 is single()
         finally:
-            _lifecycle.Lifecycle.built = original  # type: ignore[method-assign]
+            pause.release.set()
+            _join(caller)
+        assert [a1] == box
+        assert [a1] == built
+        assert not a1.close_started
