@@ -221,13 +221,15 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                             self._self_seen = seen
                         return record
                     case Probe(record=record):
-                        # As in the sync driver: this task probes.
+                        # As in the sync driver: this task probes, and
+                        # returns the client only if it is still live.
                         check = self._self_check
                         if check is not None and await aprobe(
                             life, self._self_closer, record, check
                         ):
                             continue
-                        return record
+                        if life.still_live(record):
+                            return record
                     case Build(ticket=ticket):
                         await self._build(ticket, loop)
                         if ticket.record:

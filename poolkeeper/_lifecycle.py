@@ -533,6 +533,17 @@ class Lifecycle(Generic[T]):
         return Build(ticket)
 
     @locked
+    def still_live(self, record: Record[T]) -> bool:
+        """Whether *record* is still its slot's live client.
+
+        A call that probed it asks before returning it: a retirement
+        during the probe (``reset()``, ``retire()``, a rotation's build,
+        ``close_all()``) leaves it held only by the probe, and closed
+        once the probe is reported; such a call asks ``request`` again.
+        """
+        return record.slot.live is record and record.state is ClientState.LIVE
+
+    @locked
     def built(
         self,
         ticket: Ticket,

@@ -257,13 +257,15 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                         return record
                     case Probe(record=record):
                         # This call probes (check); the others are served
-                        # meanwhile. Failed: ask again for a new client.
+                        # meanwhile. Failed, or retired by another thread
+                        # meanwhile: ask again.
                         check = self._self_check
                         if check is not None and probe(
                             life, self._self_closer, record, check
                         ):
                             continue
-                        return record
+                        if life.still_live(record):
+                            return record
                     case Build(ticket=ticket):
                         self._build(ticket)
                         if ticket.record:

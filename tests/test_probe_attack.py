@@ -263,6 +263,8 @@ class TestReplacedWhileProbed:
             gate.set()
             prober.join(WAIT)
         assert not prober.is_alive()
+        # The prober returns the live client, not the one it probed.
+        assert [new] == box
         assert wait_until(lambda: old.closed)
         assert 0 == single.statistics().pending_close
         close_all()
@@ -284,7 +286,8 @@ class TestReplacedWhileProbed:
             assert new is not old
             assert not old.closed
             gate[0].set()
-            assert await asyncio.wait_for(prober, WAIT) is old
+            # The prober returns the live client, not the one it probed.
+            assert await asyncio.wait_for(prober, WAIT) is new
             assert await _until(lambda: old.closed)
             assert [os.getpid()] == old.closes
             assert 0 == single.statistics().pending_close
