@@ -36,7 +36,7 @@ ADAPTER_TEST := --group adapters/daytona/pyproject.toml:test
 DEMO_PACKAGE := --reinstall-package poolkeeper-daytona-demo ./adapters/daytona/demo
 
 .PHONY: demo quickstart demo-smoke core-only no-sdk test venv lint typecheck unit \
-	unit-core machines unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
+	unit-core machines instructions unit-adapter sdks coverage doctest matrix pip-compat sdk-matrix \
 	freethreaded freethreaded-run bench bench-otel bench-freethreaded docs sdist clean \
 	stress
 
@@ -98,13 +98,19 @@ typecheck: venv
 unit-core: venv
 	cd tests && ../$(BIN)/python -m pytest --ignore=sdks
 
-# The Hypothesis state machines over real threads, forks and timers at
-# full strength (the ci profile: 2,000 examples, healing's 300); coverage
-# runs them with the dev profile's 200. The lifecycle's own machine
-# (test_lifecycle_machine.py) sets its examples itself: coverage runs it.
+# The Hypothesis state machines at full strength (the ci profile: 2,000
+# examples, healing's 300; the lifecycle's own machines their defaults):
+# coverage runs them short (the cov profile).
 machines: venv
 	cd tests && HYPOTHESIS_PROFILE=ci ../$(BIN)/python -m pytest -q \
-		-p no:cacheprovider test_concurrency.py test_healing_machine.py
+		-p no:cacheprovider test_concurrency.py test_healing_machine.py \
+		test_lifecycle_machine.py
+
+# The hit path in instructions (callgrind; CPython 3.11): not under
+# coverage, whose tracer its children leave out anyway.
+instructions: venv
+	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider \
+		test_hit_instructions.py
 
 # The core suite again under coverage (.ci/coverage): branch coverage of
 # poolkeeper/, subprocesses and forked children included (coverage's patch

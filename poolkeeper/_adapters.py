@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from poolkeeper._events import failure
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -112,14 +114,13 @@ def _discover(kind: type) -> Hooks:
     adapter = str(getattr(getattr(point, "dist", None), "name", point.value))
     try:
         made = point.load()(kind)
-    except Exception:  # An adapter's bug is not the build's.
-        log.warning(
-            "The poolkeeper adapter %s failed to give hooks for %s.%s; "
-            "its clients are closed as if it were not installed.",
-            adapter,
-            kind.__module__,
-            kind.__qualname__,
-            exc_info=True,
+    except Exception as exc:  # noqa: BLE001 -- the adapter's bug, not the build's.
+        failure(
+            log,
+            f"The poolkeeper adapter {adapter} failed to give hooks for "
+            f"{kind.__module__}.{kind.__qualname__}; its clients are closed "
+            "as if it were not installed.",
+            exc,
         )
         return _NONE
     if made is None:
@@ -140,10 +141,8 @@ def _entry_points() -> dict[str, Any]:
 
         try:
             found = importlib.metadata.entry_points(group=GROUP)
-        except Exception:  # Broken metadata: no adapters.
-            log.warning(
-                "Reading the %s entry points failed.", GROUP, exc_info=True
-            )
+        except Exception as exc:  # noqa: BLE001 -- broken metadata: no adapters.
+            failure(log, f"Reading the {GROUP} entry points failed.", exc)
             found = importlib.metadata.EntryPoints(())
         _points = {point.name: point for point in found}
     return _points

@@ -419,12 +419,11 @@ def _report(
             count=False,
         )
     if error is not None:
-        log.warning(
-            "Closing a collected %s singleton's client raised %r; it was "
-            "dropped.",
-            closer.life.name,
+        events.failure(
+            log,
+            f"Closing a collected {closer.life.name} singleton's client "
+            "failed; it was dropped.",
             error,
-            exc_info=error,
         )
 
 

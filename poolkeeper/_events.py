@@ -55,6 +55,57 @@ log = logging.getLogger("poolkeeper")
 FIRST: Final = "first"
 
 
+# -- failures ------------------------------------------------------------
+#
+# A failure (a close that raised, an adapter's or a hook's error) is said
+# at WARNING with its error's type and where it was raised, never its
+# message: an SDK's error can carry a URL with a token, a key, a header
+# ("DELETE https://api/x?token=... failed"). Its message and traceback go
+# to a DEBUG record of their own, for whoever enables DEBUG on the logger.
+
+
+def raised_where(error: BaseException) -> str:
+    """Where *error* was raised, as ``file.py:line in function``."""
+    tb = error.__traceback__
+    if tb is None:
+        return "an unknown place"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    name = os.path.basename(code.co_filename)  # noqa: PTH119 -- no pathlib.
+    return f"{name}:{tb.tb_lineno} in {code.co_name}"
+
+
+def failure(
+    logger: logging.Logger,
+    text: str,
+    error: BaseException | None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Log *text* at WARNING with *error*'s type and place, not its message.
+
+    *text* is final (no ``%`` arguments). With DEBUG enabled on *logger*,
+    a DEBUG record follows with the error itself (``exc_info``): its
+    message and traceback, which may hold secrets.
+    """
+    # stacklevel: the record names the caller's line, not this one.
+    if error is None:
+        logger.warning("%s", text, extra=extra, stacklevel=2)
+        return
+    kind = type(error).__name__
+    where = raised_where(error)
+    logger.warning(
+        "%s (%s raised at %s)", text, kind, where, extra=extra, stacklevel=2
+    )
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "The %s of the warning above, with its message and traceback.",
+            kind,
+            exc_info=error,
+            stacklevel=2,
+        )
+
+
 # -- the events ----------------------------------------------------------
 
 
@@ -250,10 +301,11 @@ def close_failed(  # noqa: PLR0913 -- what a failed close says.
     counted: bool,
 ) -> None:
     """A retired client's close failed (raised, or could not run)."""
-    log.warning(
+    failure(
+        log,
         message,
-        exc_info=error,
-        extra={
+        error,
+        {
             **_fields(name, "close_failed", key),
             "poolkeeper_generation": generation,
             "poolkeeper_outcome": "failure",
@@ -325,12 +377,13 @@ def _make_once() -> Instruments | bool:
     global _made  # noqa: PLW0603 -- set once, under _lock.
     try:
         return _make()
-    except Exception:  # An event never raises.
+    except Exception as exc:  # noqa: BLE001 -- an event never raises.
         _made = False
-        log.warning(
+        failure(
+            log,
             "Making poolkeeper's OpenTelemetry instruments failed; no "
             "metrics will be recorded.",
-            exc_info=True,
+            exc,
         )
         return False
 

@@ -42,6 +42,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast, final
 
+from poolkeeper._events import failure
 from poolkeeper._fingerprint import fingerprint
 
 if TYPE_CHECKING:
@@ -161,13 +162,13 @@ def _run() -> None:
 def _refresh(key: FileKey, entry: _Entry) -> None:
     try:
         key._refresh()
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 -- said, then the next call.
         if not entry.failing:
-            log.warning(
-                "Checking the key %r failed; its singletons evaluate it on "
-                "their next call.",
-                key,
-                exc_info=True,
+            failure(
+                log,
+                f"Checking the key {key!r} failed; its singletons evaluate "
+                "it on their next call.",
+                exc,
             )
         entry.failing = True
         try:

@@ -15,6 +15,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from poolkeeper._events import failure
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._lifecycle import MAX_ROUNDS
 from poolkeeper.exceptions import PoolkeeperError
@@ -300,10 +301,9 @@ def report_fork_errors(name: str, errors: list[BaseException]) -> None:
                 extra={"poolkeeper_factory": name},
             )
             continue
-        log.warning(
-            "The after_fork hook of %s failed in process %d.",
-            name,
-            os.getpid(),
-            exc_info=exc,
-            extra={"poolkeeper_factory": name},
+        failure(
+            log,
+            f"The after_fork hook of {name} failed in process {os.getpid()}.",
+            exc,
+            {"poolkeeper_factory": name},
         )

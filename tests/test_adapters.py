@@ -151,7 +151,8 @@ class TestAdapterFailures:
         (said,) = [r for r in caplog.records if "failed" in r.getMessage()]
         assert "fakesdk_adapter:hooks" in said.getMessage()
         assert "fakesdk.pool.Pooled" in said.getMessage()
-        assert isinstance(said.exc_info[1], RuntimeError)
+        assert "RuntimeError raised at" in said.getMessage()
+        assert said.exc_info is None
 
     def test_an_adapter_with_no_hooks_for_a_type_is_named(
         self, adapter, caplog
@@ -189,7 +190,8 @@ class TestAdapterFailures:
         said = next(
             r for r in caplog.records if "entry points" in r.getMessage()
         )
-        assert isinstance(said.exc_info[1], OSError)
+        assert "OSError raised at" in said.getMessage()
+        assert "broken metadata" not in caplog.text
 
 
 class TestNoCloseKnown:

@@ -51,9 +51,9 @@ class _Target:
         """
         try:
             self._hook(module)
-        except Exception:  # noqa: BLE001
-            _log.warning(
-                "poolkeeper.watch cannot patch %s.", self.spec, exc_info=True
+        except Exception as exc:  # noqa: BLE001
+            _events.failure(
+                _log, f"poolkeeper.watch cannot patch {self.spec}.", exc
             )
 
     def _hook(self, module: ModuleType) -> None:
@@ -228,5 +228,5 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
     os.register_at_fork(after_in_child=_after_fork_in_child)
 try:
     _watch_from_environment()
-except Exception:  # noqa: BLE001 - Importing poolkeeper must not fail.
-    _log.warning("POOLKEEPER_WATCH is set but watch() failed.", exc_info=True)
+except Exception as exc:  # noqa: BLE001 - Importing poolkeeper must not fail.
+    _events.failure(_log, "POOLKEEPER_WATCH is set but watch() failed.", exc)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import wrapt
 
+from poolkeeper import _events
 from poolkeeper._watch import _census
 from poolkeeper._watch._census import Census, Ref
 from poolkeeper.exceptions import PoolLeakWarning
@@ -134,7 +135,7 @@ class Patch:
             f"{cls.__module__}.{cls.__qualname__}",
             "poolkeeper.watch failed to count a %s instance; the instance "
             "is fine, the count may be low.",
-            exc_info=True,
+            error=sys.exc_info()[1],
         )
 
     def _cannot_track(self, name: str) -> None:
@@ -145,11 +146,11 @@ class Patch:
         )
 
     def _log_once(
-        self, name: str, message: str, *, exc_info: bool = False
+        self, name: str, message: str, *, error: BaseException | None = None
     ) -> None:
         if name not in self.untrackable:
             self.untrackable.add(name)
-            _log.warning(message, name, exc_info=exc_info)
+            _events.failure(_log, message % name, error)
 
 
 _UNKNOWN: Final = ("<unknown>", 0)

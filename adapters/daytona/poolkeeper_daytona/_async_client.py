@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Final
 
 from poolkeeper import process_singleton
 
 from poolkeeper_daytona._client import _KEY, _build
+from poolkeeper_daytona._close import log_failure
 from poolkeeper_daytona._guard import unrecognised
 from poolkeeper_daytona._sdk import require_sdk
 from poolkeeper_daytona._transport import is_transport_failure
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = ["aclose_daytona", "async_daytona_client"]
 
-_log = logging.getLogger("poolkeeper.daytona")
 _SHUTDOWN_SECONDS: Final = 5.0
 
 
@@ -41,8 +40,8 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
     sio = getattr(dispatcher, "_sio", None)
     try:
         await client.close()  # type: ignore[no-untyped-call]
-    except Exception:  # noqa: BLE001 -- logged; the steps below still run.
-        _log.warning("AsyncDaytona.close() failed.", exc_info=True)
+    except Exception as exc:  # noqa: BLE001 -- logged; the steps below run.
+        log_failure("AsyncDaytona.close() failed.", exc)
     if dispatcher is None:
         return
     if sio is None:

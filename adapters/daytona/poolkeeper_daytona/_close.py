@@ -30,6 +30,35 @@ if TYPE_CHECKING:
 __all__ = ["close_daytona"]
 
 _log = logging.getLogger("poolkeeper.daytona")
+
+
+def log_failure(text: str, error: BaseException) -> None:
+    """Log *text* with *error*'s type and where it was raised, at WARNING.
+
+    Never the error's message: the SDK's errors carry URLs and headers.
+    With DEBUG enabled on ``poolkeeper.daytona``, a DEBUG record follows
+    with the error itself (message and traceback), as poolkeeper's own
+    failure records do.
+    """
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = "an unknown place"
+    if tb is not None:
+        code = tb.tb_frame.f_code
+        name = code.co_filename.replace("\\", "/").rpartition("/")[2]
+        where = f"{name}:{tb.tb_lineno} in {code.co_name}"
+    kind = type(error).__name__
+    _log.warning("%s (%s raised at %s)", text, kind, where, stacklevel=2)
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug(
+            "The %s of the warning above, with its message and traceback.",
+            kind,
+            exc_info=error,
+            stacklevel=2,
+        )
+
+
 _MISSING: Final = object()
 _MIN_WAIT: Final = 0.05
 _LOCK_WAIT: Final = 1.0
@@ -90,10 +119,8 @@ def close_daytona(client: object, *, timeout: float = 5.0) -> None:
         if _mark_closed(client):
             report = unrecognised if is_sdk_object(client) else _not_sdk
             _release(client, time.monotonic() + timeout, report)
-    except Exception:  # noqa: BLE001 - close_daytona never raises.
-        _log.warning(
-            "Unexpected failure closing a Daytona client.", exc_info=True
-        )
+    except Exception as exc:  # noqa: BLE001 - close_daytona never raises.
+        log_failure("Unexpected failure closing a Daytona client.", exc)
 
 
 def _after_fork(client: object) -> None:
@@ -149,10 +176,8 @@ def _mark_closed(client: object) -> bool:
 def _step(what: str) -> Iterator[None]:
     try:
         yield
-    except Exception:  # noqa: BLE001 - a failed step is logged.
-        _log.warning(
-            "Closing a Daytona client: %s failed.", what, exc_info=True
-        )
+    except Exception as exc:  # noqa: BLE001 - a failed step is logged.
+        log_failure(f"Closing a Daytona client: {what} failed.", exc)
 
 
 def _not_sdk(what: str) -> None:
