@@ -226,15 +226,16 @@ py-%:
 matrix: $(addprefix py-,$(MATRIX))
 
 # Every target runs, whatever failed before it; a summary lists them all.
-# Two at a time (JOBS): most of the suites' time is waiting (timers,
-# threads, forks, servers), not computing. The longest start first; the
-# shared dev venv is made before any of them.
-JOBS ?= 2
+# Three at a time (JOBS) on two cores: most of the suites' time is
+# waiting (timers, threads, forks, servers), not computing. The longest
+# start first; the shared dev venv is made before any of them. The
+# coverage run holds tests/sdks (the real-SDK suite, `make sdks` alone).
+JOBS ?= 3
 test: venv
 	@.ci/run-targets -j $(JOBS) freethreaded coverage \
-		$(addprefix py-,$(MATRIX)) machines sdks unit-adapter sdk-matrix \
-		pip-compat doctest docs typecheck lint core-only no-sdk demo-smoke \
-		sdist
+		$(addprefix py-,$(MATRIX)) machines unit-adapter sdk-matrix \
+		instructions pip-compat doctest typecheck docs demo-smoke core-only \
+		no-sdk lint sdist
 
 # The core's sdist holds the core's files only; the adapter's wheel holds
 # the library only (no demo, no console script) and its hooks' entry point.

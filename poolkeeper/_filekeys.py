@@ -75,6 +75,8 @@ class _Entry:
 
 
 _entries: dict[FileKey, _Entry] = {}
+# Every file key made, for the fork hook (each has a lock of its own).
+_keys: weakref.WeakSet[FileKey] = weakref.WeakSet()
 # Guards _entries and _thread; never held while a key is refreshed.
 _lock = threading.Lock()
 _wake = threading.Event()
@@ -182,12 +184,16 @@ def _refresh(key: FileKey, entry: _Entry) -> None:
 def after_fork_in_child() -> None:
     """Forget the parent's thread and locks (the runtime's fork hook)."""
     # The parent's thread does not exist here and its lock may be held:
-    # fresh ones, nothing joined. The keys stay registered; ensure()
-    # starts a thread on the child's first slow-path call of one.
+    # fresh ones, nothing joined. So may each key's own lock (the thread,
+    # or a call on another thread, was looking at the file at the fork).
+    # The keys stay registered; ensure() starts a thread on the child's
+    # first slow-path call of one. No lock taken: one thread runs here.
     global _lock, _wake, _thread  # noqa: PLW0603 -- see above.
     _lock = threading.Lock()
     _wake = threading.Event()
     _thread = None
+    for key in list(_keys):
+        key._lock = threading.Lock()
 
 
 # The state of a file key that was never looked at.
@@ -202,6 +208,7 @@ class FileKey:
     """
 
     __slots__ = (
+        "__weakref__",
         "_lock",
         "_path",
         "_pushed",
@@ -224,6 +231,7 @@ class FileKey:
         # reaches the subscribers. Never taken by a call within its recheck
         # interval, nor by an armed hit (which does not call the key).
         self._lock = threading.Lock()
+        _keys.add(self)
         self._pushed = False
         # (next look, path, stat signature, key value), replaced as one
         # tuple so that a concurrent caller never sees a new signature with

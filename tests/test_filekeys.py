@@ -293,3 +293,38 @@ class TestCheckerThread:
         ]
 
         assert 1 == len(threads_seen)
+
+
+class TestForkWithAKeyLockHeld:
+    def test_a_child_reads_a_key_whose_lock_a_parent_thread_held(
+        self, tmp_path
+    ):
+        """A thread was looking at the file at the fork: its key's lock is
+        held in the child, where that thread does not exist. The child
+        looks at the file all the same (the fork hook made a fresh lock).
+        """
+        path = tmp_path / "api_key"
+        path.write_text("one")
+        key = keys.file(path, recheck_seconds=0)
+        single = process_singleton(key=key)(Factory())
+        single()
+        held, release = threading.Event(), threading.Event()
+
+        def look_forever() -> None:
+            with key._lock:  # As _look holds it while it reads the file.
+                held.set()
+                release.wait(WAIT)
+
+        looker = threading.Thread(target=look_forever)
+        looker.start()
+        try:
+            assert held.wait(WAIT)
+            path.write_text("two, in the child")
+
+            def child() -> bool:
+                return single() is not None and key()[1] is not None
+
+            assert 0 == fork_and_check(child)
+        finally:
+            release.set()
+            looker.join(WAIT)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -78,6 +81,25 @@ class DaytonaCredentialsError(ValueError):
 
 # How often the checker thread looks at the key file and the dotenv files.
 _RECHECK_SECONDS: Final = 5.0
+
+# What a build imports on first use. A fork while another thread is in the
+# middle of importing one of them would leave that module's import lock
+# held in the child, by a thread that does not exist there: the child's
+# first build would wait on it for ever. So before a fork, an import that
+# has begun is waited for (an import of a module not begun is not started).
+_LAZY_IMPORTS: tuple[str, ...] = ("dotenv", "daytona")
+
+
+def _finish_imports() -> None:
+    """Before a fork: let a begun import of a lazy module finish."""
+    for name in _LAZY_IMPORTS:
+        if name in sys.modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
+    os.register_at_fork(before=_finish_imports)
 
 
 def _key_file_path() -> str:

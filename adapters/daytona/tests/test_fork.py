@@ -117,3 +117,51 @@ class TestForkedChild:
             s.is_connected for s in daytona_emulator.socketio_sessions("inert")
         )
         assert SandboxState.STARTED == parent.create().state
+
+
+class TestForkDuringALazyImport:
+    """A fork while another thread imports what a build imports lazily.
+
+    The module's import lock would be held in the child by a thread that
+    does not exist there, and the child's first build would wait on it for
+    ever (seen: a child hung in ``from daytona import Daytona``). The
+    adapter's before-fork hook lets a begun import finish first.
+    """
+
+    def test_the_child_imports_what_a_parent_thread_was_importing(
+        self, tmp_path, monkeypatch
+    ):
+        import sys
+        import threading
+        import types
+
+        from poolkeeper_daytona import _client
+
+        name = "pk_lazily_imported"
+        (tmp_path / f"{name}.py").write_text(
+            "import pk_import_gate\n"
+            "pk_import_gate.entered.set()\n"
+            "assert pk_import_gate.release.wait(30)\n"
+            "VALUE = 1\n"
+        )
+        gate = types.ModuleType("pk_import_gate")
+        gate.entered, gate.release = threading.Event(), threading.Event()
+        monkeypatch.setitem(sys.modules, "pk_import_gate", gate)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setattr(_client, "_LAZY_IMPORTS", (name,))
+        importer = threading.Thread(target=__import__, args=(name,))
+        importer.start()
+        try:
+            assert gate.entered.wait(_CHILD_TIMEOUT)
+            # The hook waits for the import, which ends once released.
+            threading.Timer(0.3, gate.release.set).start()
+
+            def child() -> int:
+                module = __import__(name)
+                return 0 if module.VALUE == 1 else 3
+
+            assert 0 == _run_in_child(child)
+        finally:
+            gate.release.set()
+            importer.join(_CHILD_TIMEOUT)
+            sys.modules.pop(name, None)
