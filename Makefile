@@ -98,13 +98,12 @@ typecheck: venv
 unit-core: venv
 	cd tests && ../$(BIN)/python -m pytest --ignore=sdks
 
-# The Hypothesis state machines at full strength (the ci profile: 2,000
-# examples, healing's 300; the lifecycle's own machines their defaults):
-# coverage runs them short (the cov profile).
+# The Hypothesis state machines over real threads at full strength (the
+# ci profile: 2,000 examples, healing's 300); coverage runs them short
+# (the cov profile's 100).
 machines: venv
 	cd tests && HYPOTHESIS_PROFILE=ci ../$(BIN)/python -m pytest -q \
-		-p no:cacheprovider test_concurrency.py test_healing_machine.py \
-		test_lifecycle_machine.py
+		-p no:cacheprovider test_concurrency.py test_healing_machine.py
 
 # The hit path in instructions (callgrind; CPython 3.11): not under
 # coverage, whose tracer its children leave out anyway.

@@ -352,6 +352,30 @@ class Instruments:
 _lock = threading.Lock()
 #: None until the first event; then False (no OpenTelemetry) or the set.
 _made: Instruments | bool | None = None
+
+#: How long a fork waits for another thread making the instruments.
+_FORK_WAIT: Final = 5.0
+
+
+def before_fork() -> None:
+    """Before a fork: wait for a thread making the instruments to finish.
+
+    It holds ``_lock`` while it imports OpenTelemetry: forked then, the
+    child would find both that lock and the module's import lock held by
+    a thread it does not have, and its first event would wait for ever.
+    Bounded: the forking thread may hold ``_lock`` itself (an instrument's
+    code that forks), and then nothing waits for it.
+    """
+    if _made is None and _lock.acquire(timeout=_FORK_WAIT):
+        _lock.release()
+
+
+def after_fork_in_child() -> None:
+    """A fresh lock: the parent's may have been held by another thread."""
+    global _lock  # noqa: PLW0603 -- see above.
+    _lock = threading.Lock()
+
+
 #: The registry's view, installed by _registry (no import cycle): yields
 #: (name, live clients, retired clients, leases) per singleton.
 census: Callable[[], Iterable[tuple[str, int, int, int]]]

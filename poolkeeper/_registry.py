@@ -300,6 +300,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     _filekeys.after_fork_in_child()
     _environ.after_fork_in_child()
+    _events.after_fork_in_child()
     _builds.forget()
     for entry in list(_entries):
         try:
@@ -344,5 +345,7 @@ def _abandon(entry: Entry, record: Record[Any]) -> None:
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch -- not on Windows.
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_events.before_fork, after_in_child=_after_fork_in_child
+    )
 atexit.register(close_all)

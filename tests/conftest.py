@@ -33,10 +33,10 @@ def _tracer_left_as_found():
 
 # Profiles for the state machines: 2,000 examples by default (ci; `make
 # machines` in CI), HYPOTHESIS_PROFILE=soak runs 20,000, =dev a quick 200
-# (the matrix), =cov 50 (the coverage run: each path once is enough there,
+# (the matrix), =cov 100 (the coverage run: each path once is enough there,
 # and the tracer makes each example several times slower).
 settings.register_profile("ci", max_examples=2000, deadline=None)
 settings.register_profile("soak", max_examples=20000, deadline=None)
 settings.register_profile("dev", max_examples=200, deadline=None)
-settings.register_profile("cov", max_examples=50, deadline=None)
+settings.register_profile("cov", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
