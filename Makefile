@@ -226,15 +226,18 @@ matrix: $(addprefix py-,$(MATRIX))
 
 # Every target runs, whatever failed before it; a summary lists them all.
 # Three at a time (JOBS) on two cores: most of the suites' time is
-# waiting (timers, threads, forks, servers), not computing. The longest
-# start first; the shared dev venv is made before any of them. The
-# coverage run holds tests/sdks (the real-SDK suite, `make sdks` alone).
+# waiting (timers, threads, forks, servers), not computing. The two
+# longest and busiest (the free-threaded build and suite, the coverage
+# run) start first, beside the short checks; the suites with the storm
+# tests (64 threads against a loaded emulator) come once those have
+# eased. The shared dev venv is made before any of them. The coverage run
+# holds tests/sdks (the real-SDK suite; `make sdks` runs it alone).
 JOBS ?= 3
 test: venv
-	@.ci/run-targets -j $(JOBS) freethreaded coverage \
+	@.ci/run-targets -j $(JOBS) freethreaded coverage pip-compat typecheck \
+		doctest docs demo-smoke core-only no-sdk lint sdist \
 		$(addprefix py-,$(MATRIX)) machines unit-adapter sdk-matrix \
-		instructions pip-compat doctest typecheck docs demo-smoke core-only \
-		no-sdk lint sdist
+		instructions
 
 # The core's sdist holds the core's files only; the adapter's wheel holds
 # the library only (no demo, no console script) and its hooks' entry point.

@@ -75,8 +75,9 @@ class _Entry:
 
 
 _entries: dict[FileKey, _Entry] = {}
-# Every file key made, for the fork hook (each has a lock of its own).
-_keys: weakref.WeakSet[FileKey] = weakref.WeakSet()
+# The forks this process has seen (the fork hook counts them): a key whose
+# lock was made before the last one makes a fresh lock (FileKey._fresh).
+_forks = 0
 # Guards _entries and _thread; never held while a key is refreshed.
 _lock = threading.Lock()
 _wake = threading.Event()
@@ -185,15 +186,16 @@ def after_fork_in_child() -> None:
     """Forget the parent's thread and locks (the runtime's fork hook)."""
     # The parent's thread does not exist here and its lock may be held:
     # fresh ones, nothing joined. So may each key's own lock (the thread,
-    # or a call on another thread, was looking at the file at the fork).
-    # The keys stay registered; ensure() starts a thread on the child's
-    # first slow-path call of one. No lock taken: one thread runs here.
-    global _lock, _wake, _thread  # noqa: PLW0603 -- see above.
+    # or a call on another thread, was looking at the file at the fork):
+    # each key makes itself a fresh one at its first look in this process
+    # (see FileKey._fresh). The keys stay registered; ensure() starts a
+    # thread on the child's first slow-path call of one. No lock taken:
+    # one thread runs here.
+    global _lock, _wake, _thread, _forks  # noqa: PLW0603 -- see above.
     _lock = threading.Lock()
     _wake = threading.Event()
     _thread = None
-    for key in list(_keys):
-        key._lock = threading.Lock()
+    _forks += 1
 
 
 # The state of a file key that was never looked at.
@@ -208,7 +210,7 @@ class FileKey:
     """
 
     __slots__ = (
-        "__weakref__",
+        "_fork",
         "_lock",
         "_path",
         "_pushed",
@@ -231,7 +233,7 @@ class FileKey:
         # reaches the subscribers. Never taken by a call within its recheck
         # interval, nor by an armed hit (which does not call the key).
         self._lock = threading.Lock()
-        _keys.add(self)
+        self._fork = _forks  # The forks its lock was made after.
         self._pushed = False
         # (next look, path, stat signature, key value), replaced as one
         # tuple so that a concurrent caller never sees a new signature with
@@ -274,8 +276,22 @@ class FileKey:
             return cast("str", self._path)
         return os.fspath(self._resolve())
 
+    def _fresh(self) -> None:
+        """In a forked child: replace the lock made in the parent.
+
+        A parent thread may have held it at the fork; that thread is not
+        here to release it. Made once, under the module's lock (fresh in
+        the child): the lock first, then the count that says it is new.
+        """
+        with _lock:
+            if self._fork != _forks:
+                self._lock = threading.Lock()
+                self._fork = _forks
+
     def _look(self) -> tuple[str, str | None]:
         """Stat the file, re-read it if it changed, notify if the value did."""
+        if self._fork != _forks:
+            self._fresh()
         with self._lock:
             _, seen_path, seen, old = self._state
             path = self._where()
