@@ -5,7 +5,7 @@ from poolkeeper._async import AsyncProcessSingleton
 from poolkeeper._decorator import process_singleton
 from poolkeeper._fingerprint import fingerprint
 from poolkeeper._records import Statistics
-from poolkeeper._registry import aclose_all, close_all
+from poolkeeper._registry import aclose_all, close_all, made_from
 from poolkeeper._sockets import release_sockets
 from poolkeeper._sync import ProcessSingleton
 from poolkeeper._watch import unwatch, watch
@@ -30,6 +30,7 @@ __all__ = [
     "close_all",
     "fingerprint",
     "keys",
+    "made_from",
     "process_singleton",
     "release_sockets",
     "unwatch",

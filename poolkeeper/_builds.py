@@ -73,6 +73,7 @@ from poolkeeper._identity import (
 )
 from poolkeeper._lease import loosen
 from poolkeeper._records import ClientState, under
+from poolkeeper._timers import WORKER_NAME, Timer
 from poolkeeper.exceptions import ReentrantBuildError
 
 if TYPE_CHECKING:
@@ -376,8 +377,8 @@ def forget() -> None:
 # never the singleton; a forked child has none of its parent's threads,
 # and forget_parent drops what they were for.
 
-#: Names the timer threads, so that tests and operators can find them.
-TIMER_NAME: Final = "poolkeeper-retire"
+#: Names the threads that carry out a timer's retirement (see _timers).
+TIMER_NAME: Final = WORKER_NAME
 
 
 def error_name(error: BaseException | None) -> str | None:
@@ -395,14 +396,15 @@ def settle(
     if verdict is None:
         return False
     if not verdict.retired and verdict.delay is not None:
-        timer = threading.Timer(
-            max(verdict.delay, 0.0),
+        Timer(
+            verdict.delay,
             carry_out,
-            (life, closer, slot, verdict.sequence),
+            life,
+            closer,
+            slot,
+            verdict.sequence,
+            owner=slot,
         )
-        timer.daemon = True
-        timer.name = TIMER_NAME
-        timer.start()
     return verdict.retired
 
 
@@ -459,16 +461,6 @@ MAX_AGE_JITTER: Final = 0.1
 CHECK_EVERY: Final = 30.0
 
 
-def _timer(
-    delay: float, fn: Callable[..., object], *args: object
-) -> threading.Timer:
-    timer = threading.Timer(max(delay, 0.0), fn, args)
-    timer.daemon = True
-    timer.name = TIMER_NAME
-    timer.start()
-    return timer
-
-
 def age_limit(max_age: float) -> float:
     """*max_age* with its jitter: the life of one client, in seconds."""
     return max_age * (1.0 + random.uniform(0.0, MAX_AGE_JITTER))  # noqa: S311
@@ -484,11 +476,25 @@ def armed_timers(
     """
     slot, sequence, timers = record.slot, record.sequence, record.timers
     if life.max_age is not None:
-        timers["age"] = _timer(
-            age_limit(life.max_age), expire, life, closer, slot, sequence
+        timers["age"] = Timer(
+            age_limit(life.max_age),
+            expire,
+            life,
+            closer,
+            slot,
+            sequence,
+            owner=slot,
         )
     if life.check_every is not None:
-        timers["probe"] = _timer(life.check_every, life.due, slot, sequence, 0)
+        timers["probe"] = Timer(
+            life.check_every,
+            life.due,
+            slot,
+            sequence,
+            0,
+            inline=True,
+            owner=slot,
+        )
     if record.state is ClientState.CLOSED:
         record.cancel_timers()  # Closed meanwhile, maybe before they were.
 
@@ -637,8 +643,14 @@ def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
     client retired does nothing.
     """
     if life.check_every is not None:
-        record.timers["probe"] = _timer(
-            life.check_every, life.due, record.slot, record.sequence, count
+        record.timers["probe"] = Timer(
+            life.check_every,
+            life.due,
+            record.slot,
+            record.sequence,
+            count,
+            inline=True,
+            owner=record.slot,
         )
         if record.state is ClientState.CLOSED:
             record.cancel_timers()  # Closed meanwhile, as armed_timers.

@@ -378,7 +378,7 @@ def after_fork_in_child() -> None:
 
 #: The registry's view, installed by _registry (no import cycle): yields
 #: (name, live clients, retired clients, leases) per singleton.
-census: Callable[[], Iterable[tuple[str, int, int, int]]]
+census: Callable[[], Iterable[tuple[str, int, int, int, int]]]
 census = tuple
 #: Whether watch() asked for the process's descriptors and threads.
 _process_gauges = False
@@ -446,6 +446,13 @@ def _make() -> Instruments | bool:
         unit="{client}",
         description="Clients not yet closed: live, or retired and "
         "waiting for their leases or their close.",
+    )
+    meter.create_observable_gauge(
+        "poolkeeper.client.held_open",
+        callbacks=[_observe_held],
+        unit="{client}",
+        description="Retired clients that objects made from them "
+        "(made_from) hold open.",
     )
     meter.create_observable_gauge(
         "poolkeeper.lease.active",
@@ -602,7 +609,7 @@ def _observations(
 def _observe_open(options: CallbackOptions) -> list[Observation]:
     del options
     rows: list[tuple[float, dict[str, str]]] = []
-    for name, live, retired, _ in census():
+    for name, live, retired, _, _ in census():
         rows.append(
             (live, {"poolkeeper.singleton": name, "poolkeeper.state": "live"})
         )
@@ -619,7 +626,15 @@ def _observe_leases(options: CallbackOptions) -> list[Observation]:
     del options
     return _observations(
         (leases, {"poolkeeper.singleton": name})
-        for name, _, _, leases in census()
+        for name, _, _, leases, _ in census()
+    )
+
+
+def _observe_held(options: CallbackOptions) -> list[Observation]:
+    del options
+    return _observations(
+        (held, {"poolkeeper.singleton": name})
+        for name, _, _, _, held in census()
     )
 
 

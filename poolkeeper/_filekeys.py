@@ -13,9 +13,11 @@ changed) with what it last saw, and when its value changed it calls
 :func:`changed`, which disarms the subscribed singletons' hit paths: their
 next call evaluates the key again on the slow path.
 
-The thread starts on the first subscription and exits as soon as no key
-has a living subscriber (subscribers are held weakly); the next
-subscription starts it again. It never raises: a key whose refresh fails
+The thread starts at the first read of a subscribed key (a build's: a
+singleton subscribes when it is decorated, maybe at import, and nothing
+needs watching before a client is built) and exits as soon as no key has a
+living subscriber (subscribers are held weakly); the next read starts it
+again. It never raises: a key whose refresh fails
 is logged (once per streak of failures) and its subscribers are disarmed,
 so their next call evaluates the key and meets the error itself, as with a
 polled key.
@@ -85,13 +87,18 @@ _thread: threading.Thread | None = None
 
 
 def subscribe(key: FileKey, subscriber: Subscriber) -> None:
-    """Check *key* every ``recheck_seconds``; tell *subscriber* of changes."""
+    """Check *key* every ``recheck_seconds``; tell *subscriber* of changes.
+
+    Starts no thread: a singleton subscribes when it is decorated, often at
+    import, in a process that may never build it. The key's first read
+    (the first build's) starts the file-key thread: until a client was
+    built from the key, no change of it needs telling.
+    """
     with _lock:
         entry = _entries.get(key)
         if entry is None:
             entry = _entries[key] = _Entry(time.monotonic())
         entry.subscribers.add(subscriber)
-        _start()
     _wake.set()
 
 
@@ -261,8 +268,8 @@ class FileKey:
     def __call__(self) -> tuple[str, str | None]:
         """Return ``(path, fingerprint of the content or None if absent)``."""
         if self._pushed:
-            # Pushed: only slow paths get here. After a fork the child has
-            # no file-key thread yet; this starts one.
+            # Pushed: only slow paths get here (a build, first). Starts
+            # the file-key thread the first time, and in a forked child.
             ensure()
         due, path, _, value = self._state
         if self._resolve is not None and self._where() != path:

@@ -246,6 +246,8 @@ def _no_hit_path(_client: object, _record: object, _pushed: object) -> bool:
 
 #: What a pin's entry is not: an exit may have taken it out already.
 _ABSENT: Final = object()
+# The states of a record an object made from its client can hold open.
+_HOLDABLE: Final = (ClientState.LIVE, ClientState.RETIRED)
 
 
 def _stranded(slot: Slot) -> bool:
@@ -429,7 +431,13 @@ class Lifecycle(Generic[T]):
             generation=0 if live is None else live.generation,
             key_fingerprint=None if live is None else live.fingerprint,
             pid=self.pid,
-            leases=sum(r.leases + len(r.pins) for r in records),
+            leases=sum(r.leases - r.dependents + len(r.pins) for r in records),
+            dependents=sum(r.dependents for r in records),
+            held_open=sum(
+                1
+                for r in records
+                if r.dependents and r.state is ClientState.RETIRED
+            ),
             pending_close=sum(len(s.retired) for s in self.slots.values()),
             resets_refused=self.resets_refused,
             is_overridden=bool(self.overrides),
@@ -690,13 +698,23 @@ class Lifecycle(Generic[T]):
 
         A retired record whose last lease ends is doomed.
         """
+        self._unhold(held, doomed, dependent=False)
+
+    def _unhold(
+        self, held: list[Any], doomed: list[Record[T]], *, dependent: bool
+    ) -> None:
+        """End a lease or (*dependent*) an object's hold; one store."""
         if not held:
             return
         record: Record[T] = held[0]
         leases = record.leases - 1
+        count: tuple[tuple[object, str, object], ...] = ()
+        if dependent:
+            count = ((record, "dependents", record.dependents - 1),)
         if leases or record.pins or record.state is not ClientState.RETIRED:
             stores(
                 (record, "leases", leases),
+                *count,
                 items=((held, ALL, ()),),
             )
             return
@@ -705,6 +723,7 @@ class Lifecycle(Generic[T]):
         r, owed, closed = record, (*self.owed, *out), ClientState.CLOSED
         stores(
             (r, "leases", 0),
+            *count,
             (r, "state", closed),
             (r.slot, "retired", retired),
             (self, "owed", owed),
@@ -713,6 +732,35 @@ class Lifecycle(Generic[T]):
                 (held, ALL, ()),
             ),
         )
+
+    # Objects made from a client (see _dependents): each holds its record
+    # as an async lease does, counted in leases and told apart in
+    # dependents, so that every rule about leases holds for them.
+
+    @locked
+    def depend(self, client: object, held: list[Any]) -> bool:
+        """Hold the open record of *client*; False if there is none.
+
+        Live or retired and waiting for its leases: a record already
+        closed (or closing) cannot be held open.
+        """
+        for record in self._holders():
+            if record.client is client and record.state in _HOLDABLE:
+                stores(
+                    (record, "leases", record.leases + 1),
+                    (record, "dependents", record.dependents + 1),
+                    items=((held, ALL, (record,)),),
+                )
+                return True
+        return False
+
+    @locked
+    def undepend(self, held: list[Any], doomed: list[Record[T]]) -> None:
+        """End the hold *held* holds, if any; idempotent.
+
+        A retired record whose last lease or hold ends is doomed.
+        """
+        self._unhold(held, doomed, dependent=True)
 
     # The sync lease's transitions. Its fast paths pin and unpin without
     # the lock (see I3; a pin that finds the record open is seen by its
@@ -1177,6 +1225,9 @@ class Lifecycle(Generic[T]):
     ) -> None:
         """Retire every slot's live client, ignoring the rate limit.
 
+        Doom those no lease holds (objects made from them do not hold them
+        past this), and the retired ones that only such objects hold.
+
         Each retirement's verdict goes to *said* in its commit, for the
         driver's ``retired`` event.
         """
@@ -1204,6 +1255,23 @@ class Lifecycle(Generic[T]):
                 ),
             )
             out.extend(more)
+        # Retired clients that only objects made from them hold open (see
+        # _dependents) close now; those a lease holds wait for it.
+        for slot in list(self.slots.values()):
+            held = [
+                r
+                for r in slot.retired
+                if r.leases == r.dependents and not r.pins
+            ]
+            if not held:
+                continue
+            rest = tuple(r for r in slot.retired if r not in held)
+            stores(
+                (slot, "retired", rest),
+                *((r, "state", ClientState.CLOSED) for r in held),
+                (self, "owed", (*self.owed, *held)),
+            )
+            out.extend(held)
         doomed[:] = out
 
     @locked
@@ -1367,26 +1435,34 @@ class Lifecycle(Generic[T]):
         self.arm(None, None, self.pushed)
         self.armed = None
         self.owed = ()  # The parent's to close, never the child's.
-        # The parent's timers are not the child's: a deferred retirement
-        # is dropped with them, and the backoff starts afresh.
         for slot in self.slots.values():
-            slot.build, slot.deferred, slot.spacing = None, None, 0.0
-            slot.probe = None  # Nor its probes (a child arms none).
+            slot.build = None  # Its builder is a parent thread.
         if keep:
             self.pid = os.getpid()
             # A probe in flight ran on a thread the child does not have
             # (one that forked inside its own check reports into a
             # record no longer held, and probed() ignores it): give back
-            # its hold, so that the kept client closes when retired here.
+            # its hold, so that the kept client closes when retired here,
+            # and make the probe due again, for the child's next call.
             for record in self._holders():
                 if record.prober is not None:
                     record.leases -= 1
                     record.prober = None
+            for slot in self.slots.values():
+                if slot.probe is not None and slot.probe[1] == "probing":
+                    slot.probe = (slot.probe[0], "due")
+            # A kept client keeps its deferral, backoff and timers (the
+            # fork hook resumes them: _timers.resume).
             slots = [s for s in self.slots.values() if _stranded(s)]
         else:
             slots = list(self.slots.values())
             self._zero()
             self.forked = ()
+        for slot in slots:
+            # The parent's timers are not the child's: a deferred
+            # retirement and a probe are dropped with them, and the backoff
+            # starts afresh.
+            slot.deferred, slot.spacing, slot.probe = None, 0.0, None
         return self._abandon(slots)
 
     def _abandon(self, slots: list[Slot]) -> list[Record[Any]]:

@@ -33,6 +33,8 @@ from typing import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from poolkeeper._timers import Timer
+
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -130,6 +132,7 @@ class Record(Generic[T]):
         "built_at",
         "checks",
         "client",
+        "dependents",
         "fingerprint",
         "generation",
         "key",
@@ -158,6 +161,9 @@ class Record(Generic[T]):
         # Async leases count here, under the lifecycle's lock; sync leases
         # pin in pins, without it (see I3 in poolkeeper._lifecycle).
         self.leases = 0
+        # Of those leases, the holds of objects made from the client (see
+        # poolkeeper._dependents): counted apart for the statistics.
+        self.dependents = 0
         self.pins: dict[object, None] = {}
         # Whether a sync lease may pin without the lock: a transition
         # that may retire the record clears it before it reads the pins.
@@ -175,7 +181,7 @@ class Record(Generic[T]):
         self.prober: object = None
         # Its max_age and next probe's timers, by the driver: its close
         # cancels them.
-        self.timers: dict[str, threading.Timer] = {}
+        self.timers: dict[str, Timer] = {}
 
     def cancel_timers(self) -> None:
         """Cancel this client's timers: it is closed, nothing is due."""
@@ -450,6 +456,11 @@ class Statistics:
         probes: Health probes (*check*) run to an answer.
         probe_failures: Health probes that answered false or raised an
             ``Exception``.
+        dependents: Objects made from a client (see
+            :func:`~poolkeeper.made_from`) holding it open right now, on
+            live and retired clients; not counted in *leases*.
+        held_open: Retired clients kept open by such objects (counted in
+            *pending_close* too).
 
     .. versionadded:: 0.1
     """
@@ -470,3 +481,5 @@ class Statistics:
     deferred: str | None = None
     probes: int = 0
     probe_failures: int = 0
+    dependents: int = 0
+    held_open: int = 0

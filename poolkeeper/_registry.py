@@ -18,9 +18,17 @@ import functools
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from poolkeeper import _adapters, _builds, _environ, _events, _filekeys
+from poolkeeper import (
+    _adapters,
+    _builds,
+    _dependents,
+    _environ,
+    _events,
+    _filekeys,
+    _timers,
+)
 from poolkeeper._close import (
     aclose_anywhere,
     arun_each,
@@ -30,7 +38,7 @@ from poolkeeper._close import (
 )
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import ClientState
-from poolkeeper._records import is_owned, under
+from poolkeeper._records import Slot, is_owned, under
 from poolkeeper.exceptions import PoolkeeperWarning
 
 if TYPE_CHECKING:
@@ -39,6 +47,8 @@ if TYPE_CHECKING:
     from poolkeeper._close import Closer
     from poolkeeper._lifecycle import Lifecycle, Record
     from poolkeeper._records import Verdict
+
+T = TypeVar("T")
 
 
 class Entry:
@@ -79,23 +89,30 @@ abandoned: list[object] = []
 fork_notes: list[str] | None = None
 
 
-def census() -> list[tuple[str, int, int, int]]:
-    """Per singleton name: live and retired clients, and leases.
+def census() -> list[tuple[str, int, int, int, int]]:
+    """Per singleton name: live and retired clients, leases, held open.
 
     For OpenTelemetry's observable instruments (see _events), read
-    lock-free when a reader collects. Singletons of one name add up.
+    lock-free when a reader collects. Singletons of one name add up. Held
+    open: retired clients that objects made from them hold (made_from).
     """
-    rows: dict[str, tuple[int, int, int]] = {}
+    rows: dict[str, tuple[int, int, int, int]] = {}
     for entry in list(_entries):
         life = entry.life
         slots = list(life.slots.values())
-        live = sum(slot.live is not None for slot in slots)
-        retired = sum(len(slot.retired) for slot in slots)
-        leases = sum(r.leases + len(r.pins) for r in life.holders())
-        if life.name in rows:
-            a, b, c = rows[life.name]
-            live, retired, leases = live + a, retired + b, leases + c
-        rows[life.name] = (live, retired, leases)
+        records = life.holders()
+        row = (
+            sum(slot.live is not None for slot in slots),
+            sum(len(slot.retired) for slot in slots),
+            sum(r.leases - r.dependents + len(r.pins) for r in records),
+            sum(
+                1
+                for r in records
+                if r.dependents and r.state is ClientState.RETIRED
+            ),
+        )
+        a, b, c, d = rows.get(life.name, (0, 0, 0, 0))
+        rows[life.name] = (row[0] + a, row[1] + b, row[2] + c, row[3] + d)
     return [(name, *row) for name, row in rows.items()]
 
 
@@ -301,6 +318,8 @@ def _after_fork_in_child() -> None:
     _filekeys.after_fork_in_child()
     _environ.after_fork_in_child()
     _events.after_fork_in_child()
+    _timers.after_fork_in_child()
+    _dependents.after_fork_in_child()
     _builds.forget()
     for entry in list(_entries):
         try:
@@ -309,6 +328,59 @@ def _after_fork_in_child() -> None:
             continue
         for record in inherited:
             _abandon(entry, record)
+    # The timers of the clients kept (fork="keep") stay due; the others go.
+    _timers.resume(_kept)
+
+
+def _kept(timer: _timers.Timer) -> bool:
+    """Whether *timer* is for a slot that kept its client in this child."""
+    slot = timer.owner
+    if slot is _dependents.SWEEP:
+        return True  # Objects made from kept clients still hold them.
+    return isinstance(slot, Slot) and slot.live is not None
+
+
+def made_from(obj: T, client: object) -> T:
+    """Say that *obj* was made from *client*: it keeps *client* open.
+
+    For objects that go on using the client that made them after they are
+    returned: a Daytona ``Sandbox``, a boto3 resource, a redis ``PubSub``,
+    an httpx streaming response. Once the singleton retires *client*
+    (healing, a key change, ``reset()``), *obj* keeps working: *client* is
+    closed when its last lease has ended **and** the last object made from
+    it is gone (collected, checked every half second), or at
+    :func:`close_all`, :func:`aclose_all` or exit, whichever comes first.
+    ``statistics()`` counts such objects (``dependents``) and the retired
+    clients they hold open (``held_open``).
+
+    Returns *obj*. A client that no singleton holds open (an
+    ``override()`` stand-in, a client already closed, one no singleton
+    built) is not held: there is nothing to keep open. An adapter calls it
+    for the objects its SDK makes (the Daytona adapter does for sandboxes).
+
+    Raises:
+        TypeError: *obj* takes no weak reference, so poolkeeper could not
+            tell when it is gone.
+
+    .. versionadded:: 0.1
+    """
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        name = type(obj).__qualname__
+        msg = (
+            f"poolkeeper.made_from(): a {name} takes no weak reference, so "
+            "poolkeeper cannot tell when it is gone and would keep its "
+            "client open for ever. Pass an object that does, or hold a "
+            "lease (single.lease()) for as long as you use it."
+        )
+        raise TypeError(msg) from None
+    for entry in list(_entries):
+        if any(
+            r.client is client for r in entry.life.holders()
+        ) and _dependents.hold(entry.life, entry.closer, obj, client):
+            break
+    return obj
 
 
 def kept_clients() -> list[object]:

@@ -32,7 +32,7 @@ pytest.importorskip("opentelemetry.sdk", reason="the dev group's otel")
 pytest.importorskip("opentelemetry.exporter.prometheus", reason="otel group")
 pytest.importorskip("prometheus_client", reason="the dev group's otel")
 
-from helpers import WAIT, Factory, FakeClient
+from helpers import WAIT, Factory, FakeClient, wait_until
 from opentelemetry import metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
@@ -144,6 +144,7 @@ def expected(name: str) -> dict:
             frozenset({"poolkeeper.state": "retired"}.items()),
         ): 0,
         ("poolkeeper.lease.active", frozenset()): 0,
+        ("poolkeeper.client.held_open", frozenset()): 0,
     }
     for reason, n in retirements.items():
         key = frozenset({"poolkeeper.reason": reason}.items())
@@ -234,6 +235,7 @@ def test_units_follow_semantic_conventions(reader, monkeypatch):
         "poolkeeper.client.closes": "{client}",
         "poolkeeper.client.open": "{client}",
         "poolkeeper.lease.active": "{lease}",
+        "poolkeeper.client.held_open": "{client}",
         "process.open_file_descriptor.count": "{file_descriptor}",
         "process.thread.count": "{thread}",
     }.items() <= units(reader).items()
@@ -256,6 +258,25 @@ def test_open_and_leases_are_observed(reader):
     assert found["poolkeeper.lease.active", frozenset()] == 0
     assert found["poolkeeper.client.open", retired] == 0
     assert found["poolkeeper.client.open", live] == 1
+
+
+def test_clients_held_open_by_objects_made_from_them_are_observed(reader):
+    name = f"events-held-{uuid.uuid4().hex[:8]}"
+    single = process_singleton(name=name)(Factory())
+    client = single()
+    made = poolkeeper.made_from(FakeClient("made"), client)
+    assert single.reset()  # Retired, held open by *made*.
+    found = points(reader, name)
+    retired = frozenset({"poolkeeper.state": "retired"}.items())
+    assert found["poolkeeper.client.held_open", frozenset()] == 1
+    assert found["poolkeeper.client.open", retired] == 1
+    assert found["poolkeeper.lease.active", frozenset()] == 0
+    del made
+    gc.collect()
+    assert wait_until(lambda: client.closes)
+    found = points(reader, name)
+    assert found["poolkeeper.client.held_open", frozenset()] == 0
+    assert found["poolkeeper.client.open", retired] == 0
 
 
 def test_watch_reports_descriptors_and_threads(reader):

@@ -268,17 +268,16 @@ class TestCheckerThread:
         assert parent is None or parent.is_alive()
 
     def test_concurrent_registration_starts_one_thread(self, tmp_path):
-        """Keys registered from many threads share one file-key thread."""
+        """Keys first read on many threads share one file-key thread."""
         barrier = threading.Barrier(8)
         made: list[object] = []
 
         def register(i: int) -> None:
             barrier.wait(WAIT)
-            made.append(
-                process_singleton(
-                    key=keys.file(tmp_path / f"k{i}", recheck_seconds=RECHECK)
-                )(Factory())
-            )
+            single = process_singleton(
+                key=keys.file(tmp_path / f"k{i}", recheck_seconds=RECHECK)
+            )(Factory())
+            made.append(single())  # The first build starts the thread.
 
         threads = [
             threading.Thread(target=register, args=(i,)) for i in range(8)

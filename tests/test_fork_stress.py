@@ -73,16 +73,27 @@ async def _amake() -> Client:
     return Client()
 
 
-class Workload:
-    """Threads using both singletons, a writer rotating the key, a loop."""
+class Made:
+    """An object made from a client (poolkeeper.made_from holds it open)."""
 
-    def __init__(self, single: object, asingle: object, path: object) -> None:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+
+class Workload:
+    """Threads using the singletons, a writer rotating the key, a loop."""
+
+    def __init__(
+        self, single: object, asingle: object, kept: object, path: object
+    ) -> None:
         self.single, self.asingle, self.path = single, asingle, path
+        self.kept = kept
         self.stop = threading.Event()
         self.loop = asyncio.new_event_loop()
         self.threads = [
             threading.Thread(target=self.loop.run_forever, name="stress-loop"),
             *(threading.Thread(target=self.caller) for _ in range(3)),
+            threading.Thread(target=self.keeper),
             threading.Thread(target=self.writer),
         ]
 
@@ -90,6 +101,16 @@ class Workload:
         while not self.stop.is_set():
             with contextlib.suppress(BrokenError), self.single.lease() as c:
                 c.use()
+
+    def keeper(self) -> None:
+        """The fork="keep" singleton, and objects made from its clients."""
+        made: list[Made] = []
+        while not self.stop.is_set():
+            with self.kept.lease() as client:
+                made.append(poolkeeper.made_from(Made(client), client))
+            if len(made) > 8:
+                del made[: random.randrange(8)]
+            time.sleep(0.0005)
 
     async def acaller(self) -> None:
         while not self.stop.is_set():
@@ -137,6 +158,9 @@ def test_no_child_forked_at_a_random_moment_hangs(tmp_path):
         key=(keys.env(NAME), keys.file(path, recheck_seconds=0)), **healing
     )(Client)
     asingle = process_singleton(key=keys.env(NAME), **healing)(_amake)
+    # Its clients, their timers and the objects made from them are kept
+    # by a child: its max_age timer ages the parent's client out there.
+    kept = process_singleton(fork="keep", **healing)(Client)
 
     async def achild() -> Client:
         client = await asingle()
@@ -148,11 +172,15 @@ def test_no_child_forked_at_a_random_moment_hangs(tmp_path):
         assert client.pid == os.getpid()
         assert single.current() is client
         assert asyncio.run(achild()).pid == os.getpid()
+        deadline = time.monotonic() + WAIT
+        while kept().pid != os.getpid():
+            assert time.monotonic() < deadline, "the kept client never aged"
+            time.sleep(0.005)
         poolkeeper.close_all()
         return True
 
     try:
-        with Workload(single, asingle, path):
+        with Workload(single, asingle, kept, path):
             codes = []
             for _ in range(FORKS):
                 time.sleep(random.uniform(0, 0.01))

@@ -17,7 +17,8 @@ import time
 import pytest
 from helpers import WAIT, Factory, fork_and_check, run_threads, wait_until
 
-from poolkeeper import _builds, _lifecycle, process_singleton
+from poolkeeper import _lifecycle, process_singleton
+from poolkeeper import _timers as _timers_module
 from poolkeeper._decorator import validate_retire_on
 
 REASONS = (
@@ -71,17 +72,12 @@ def _spacing(monkeypatch):
     return 0.2
 
 
-def _timers(single=None) -> list[threading.Thread]:
-    """Live timer threads: all of them, or *single*'s (holding its slot)."""
+def _timers(single=None) -> list[_timers_module.Timer]:
+    """Timers due or running: all of them, or *single*'s (holding its slot)."""
     return [
         t
-        for t in threading.enumerate()
-        if t.name == _builds.TIMER_NAME
-        and t.is_alive()
-        and (
-            single is None
-            or any(a is single._self_slot for a in getattr(t, "args", ()))
-        )
+        for t in _timers_module.alive()
+        if single is None or any(a is single._self_slot for a in t.args)
     ]
 
 

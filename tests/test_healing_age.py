@@ -18,7 +18,7 @@ from helpers import WAIT, Factory, FakeClient, fork_and_check, wait_until
 from test_hit_frames import frames_of
 
 import poolkeeper
-from poolkeeper import _builds, _lifecycle, process_singleton
+from poolkeeper import _builds, _lifecycle, _timers, process_singleton
 
 #: Slack for a busy machine (2 cores shared with other agents).
 SLACK = 1.0
@@ -496,11 +496,7 @@ class TestTimersEndWithTheirClient:
         slot = single._self_slot
 
         def timers() -> int:
-            return sum(
-                t.name == _builds.TIMER_NAME
-                and any(a is slot for a in getattr(t, "args", ()))
-                for t in threading.enumerate()
-            )
+            return sum(any(a is slot for a in t.args) for t in _timers.alive())
 
         assert timers() == 0
         for _ in range(5):
@@ -604,10 +600,10 @@ class TestAsyncProbeHandedOutCutShort:
 
 class TestTimers:
     def test_timers_of_retired_clients_end_with_them(self):
-        # Each build arms a max_age and a check timer (a thread each). A
-        # retired client's timers find nothing to do when they fire;
-        # until then they are threads. Twenty resets, then close_all():
-        # none of this singleton's timers should be left sleeping.
+        # Each build arms a max_age and a check timer. A retired client's
+        # timers find nothing to do when they fire; until then they wait
+        # in the heap. Twenty resets, then close_all(): none of this
+        # singleton's timers should be left waiting.
         single = process_singleton(
             max_age=60.0, check=lambda c: True, check_every=30.0
         )(Factory())
@@ -615,12 +611,8 @@ class TestTimers:
 
         def timers() -> int:
             return sum(
-                isinstance(t, threading.Timer)
-                and (
-                    life in t.args
-                    or getattr(t.function, "__self__", None) is life
-                )
-                for t in threading.enumerate()
+                life in t.args or getattr(t.function, "__self__", None) is life
+                for t in _timers.alive()
             )
 
         for _ in range(20):

@@ -54,7 +54,8 @@ from hypothesis.stateful import (
 )
 
 import poolkeeper
-from poolkeeper import _builds, _lifecycle, keys, process_singleton
+from poolkeeper import _lifecycle, keys, process_singleton
+from poolkeeper import _timers as _timers_module
 from poolkeeper._records import is_owned
 
 ENV = "PK_HEALING_MACHINE_KEY"
@@ -129,21 +130,17 @@ class AsyncClient(Client):
         self.close()
 
 
-def _timers(life: object) -> list[threading.Thread]:
-    """The live timer threads of the singleton whose lifecycle is *life*.
+def _timers(life: object) -> list[_timers_module.Timer]:
+    """The timers, due or running, of the singleton whose lifecycle is *life*.
 
     Only its own: an earlier test's timer (a deferred reset's hour, say)
-    sleeps on and must not cost every example a wait.
+    waits on and must not cost every example a wait.
     """
     return [
         t
-        for t in threading.enumerate()
-        if t.name == _builds.TIMER_NAME
-        and t.is_alive()
-        and (
-            getattr(getattr(t, "function", None), "__self__", None) is life
-            or any(a is life for a in getattr(t, "args", ()))
-        )
+        for t in _timers_module.alive()
+        if getattr(t.function, "__self__", None) is life
+        or any(a is life for a in t.args)
     ]
 
 

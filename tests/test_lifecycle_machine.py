@@ -645,18 +645,27 @@ class LifecycleRules(RuleBasedStateMachine):
     def fork(self, keep: bool) -> None:
         """In a forked child: abandon all (or keep it), close nothing."""
         live = sum(s.live is not None for s in self.life.slots.values())
+        before = {
+            key: (s.spacing, s.deferred) for key, s in self.life.slots.items()
+        }
         abandoned = self.life.forget_parent(keep=keep)
         assert self.armed[-1] is None
+        assert all(ClientState.ABANDONED is r.state for r in abandoned)
+        if keep:
+            # Kept clients keep their backoff, deferrals and timers (the
+            # fork hook resumes those in the child).
+            assert [] == abandoned
+            assert before == {
+                key: (s.spacing, s.deferred)
+                for key, s in self.life.slots.items()
+            }
+            return
         # The parent's timers are not the child's; the backoff restarts.
         self.timers.clear()
         assert all(
             (0.0, None) == (s.spacing, s.deferred)
             for s in self.life.slots.values()
         )
-        assert all(ClientState.ABANDONED is r.state for r in abandoned)
-        if keep:
-            assert [] == abandoned
-            return
         self.abandoned.extend(r.client for r in abandoned)
         # The process's slot stays; loops' slots are the parent's.
         self.slots = [s for s in self.slots if s.key is None]

@@ -34,6 +34,7 @@ from poolkeeper import (
     _lease,
     _lifecycle,
     _sync,
+    _timers,
     close_all,
     process_singleton,
 )
@@ -201,8 +202,20 @@ class Probing:
         interval = sys.getswitchinterval()
         sys.setswitchinterval(1e-6)
         # Every thread started from now on is traced: the callers and the
-        # singleton's timers (due, expire).
+        # retirements' workers (expire). The process's one timer thread
+        # may have started before: its callbacks (due) are traced by hand.
         threading.settrace(tracer)
+        run_quietly = _timers._run_quietly
+
+        def traced(timer: _timers.Timer) -> None:
+            previous = sys.gettrace()
+            sys.settrace(tracer)
+            try:
+                run_quietly(timer)
+            finally:
+                sys.settrace(previous)
+
+        _timers._run_quietly = traced
         try:
             for thread in threads:
                 thread.start()
@@ -212,6 +225,7 @@ class Probing:
             assert wait_until(self._enough), "too little churn"
         finally:
             self.stop.set()
+            _timers._run_quietly = run_quietly
             threading.settrace(None)  # type: ignore[arg-type]
             for thread in threads:
                 thread.join(WAIT)
