@@ -124,9 +124,11 @@ unit-adapter: venv
 
 unit: unit-core unit-adapter
 
-# Every code block of README.md and docs/ runs (Sybil; see conftest.py).
+# Every code block of README.md, docs/ and the adapter's README.md runs
+# (Sybil; see conftest.py).
 doctest: venv
-	$(BIN)/python -m pytest -p no:cacheprovider README.md docs
+	$(BIN)/python -m pytest -p no:cacheprovider README.md docs \
+		adapters/daytona/README.md
 
 # Warnings are errors, and every cross-reference must resolve (-n).
 docs: venv

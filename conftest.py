@@ -2,6 +2,10 @@
 
 Every ``python`` block runs, in order, one namespace per document (Sybil's
 MyST parser; ``<!-- -->`` or ``%`` comments hold invisible set-up blocks).
+On the pages a reader copies from first (README.md, the adapter's
+README.md and the Daytona page), each visible block runs alone, in a
+namespace of its own, as it does when copied: it must import and define
+everything it uses. Their invisible blocks still share one namespace.
 
 Tests talk only to loopback, so while a document runs, ``sys.modules``
 holds small recording fakes under the names of the network SDKs the
@@ -14,7 +18,9 @@ by an invisible block at the top of the page.
 ``console`` blocks are not run (they install, build or run for minutes).
 What they name is checked instead: a ``make`` target must exist (``make
 -n``), and a path such as ``benchmarks/bench_build.py`` must exist.
-``toml`` blocks must parse.
+``toml`` blocks must parse. No page, nor a file it includes (the
+changelogs), cites an issue of the project's tracker ("issue 21"): a
+reader of the docs cannot open it.
 
 A block that cannot run here is preceded by ``skip: next "reason"``;
 pytest reports it as skipped, with the reason (``-ra``).
@@ -23,6 +29,7 @@ pytest reports it as skipped, with the reason (``-ra``).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -35,7 +42,7 @@ from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 from sybil.parsers.myst import PythonCodeBlockParser, SkipParser
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from typing_extensions import Self
 
@@ -234,20 +241,92 @@ class BlockParser:
         ]
 
 
+# The pages whose every visible block runs alone (see the docstring).
+_ALONE = frozenset(
+    ROOT / page
+    for page in (
+        "README.md",
+        "adapters/daytona/README.md",
+        "docs/adapters/daytona.md",
+    )
+)
+
+
+def _run_alone(
+    evaluator: Callable[[Example], Any],
+) -> Callable[[Example], Any]:
+    """Return *evaluator* run in a fresh namespace, as a copied block is."""
+
+    def evaluate(example: Example) -> Any:
+        shared = example.namespace
+        example.namespace = {"__name__": "__docs__"}
+        try:
+            return evaluator(example)
+        finally:
+            example.namespace = shared
+
+    return evaluate
+
+
+class PythonBlockParser(PythonCodeBlockParser):
+    """Sybil's parser, with each visible block of an _ALONE page alone."""
+
+    def __call__(self, document: Document) -> Iterator[Region]:
+        """Yield the regions, the visible ones of _ALONE pages wrapped."""
+        alone = Path(document.path) in _ALONE
+        for region in super().__call__(document):
+            if alone and document.text.startswith("```", region.start):
+                region.evaluator = _run_alone(region.evaluator)
+            yield region
+
+
+# How a page would cite the tracker: "issue 21", "issues 3 and 4",
+# "issue #21". Another project's numbered pull request (why.md's public
+# record) is a link a reader can follow, not a citation of ours.
+_ISSUE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+_INCLUDE = re.compile(r"^```\{include\} (\S+)$", re.MULTILINE)
+
+
+def _check_no_issue_numbers(example: Example) -> None:
+    """Check that the page and the files it includes cite no issue."""
+    page = Path(example.path)
+    texts = {page: example.document.text}
+    for included in _INCLUDE.findall(example.document.text):
+        path = (page.parent / included).resolve()
+        texts[path] = path.read_text(encoding="utf-8")
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group()!r}"
+        for path, text in texts.items()
+        for match in _ISSUE.finditer(text)
+    ]
+    assert [] == found
+
+
+def _no_issue_numbers(document: Document) -> list[Region]:
+    """Return one empty region, at the end, that checks the whole page."""
+    end = len(document.text)
+    return [Region(end, end, None, _check_no_issue_numbers)]
+
+
 def _parsers() -> list[Any]:
     return [
-        PythonCodeBlockParser(),
+        _no_issue_numbers,
+        PythonBlockParser(),
         SkipParser(),
         BlockParser("console", _check_console),
         BlockParser("toml", _check_toml),
     ]
 
 
-# The Daytona page runs the real SDK (which imports the real httpx): no
-# fakes there; its own invisible blocks start and stop the emulator. The
+# The Daytona pages run the real SDK (which imports the real httpx): no
+# fakes there; their own invisible blocks start and stop the emulator. The
 # observability page runs the Daytona demo in-process, for the same reason.
 _DAYTONA_PAGE = "docs/adapters/daytona.md"
-_REAL_PAGES = [_DAYTONA_PAGE, "docs/observability.md"]
+_REAL_PAGES = [
+    _DAYTONA_PAGE,
+    "adapters/daytona/README.md",
+    "docs/observability.md",
+]
 pytest_collect_file = (
     Sybil(
         parsers=_parsers(),

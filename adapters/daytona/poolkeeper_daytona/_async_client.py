@@ -72,10 +72,12 @@ async def async_daytona_client() -> daytona.AsyncDaytona:
     Raises:
         DaytonaCredentialsError: If no credentials are found.
         ModuleNotFoundError: If the ``daytona`` package is not installed.
+        ImportError: If the ``daytona`` module lacks ``AsyncDaytona`` (a
+            test's stand-in).
 
     .. versionadded:: 0.1.0
     """
-    require_sdk("async_daytona_client")
+    require_sdk("async_daytona_client", "AsyncDaytona")
     from daytona import AsyncDaytona  # noqa: PLC0415 -- optional SDK.
 
-    return _build(AsyncDaytona)
+    return _build(AsyncDaytona, "async_daytona_client")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from poolkeeper import fingerprint, keys, process_singleton
 
 from poolkeeper_daytona._close import _after_fork, close_daytona
-from poolkeeper_daytona._sdk import require_sdk
+from poolkeeper_daytona._sdk import IN_TESTS, require_sdk
 from poolkeeper_daytona._transport import is_transport_failure
 
 if TYPE_CHECKING:
@@ -75,7 +75,8 @@ class DaytonaCredentialsError(ValueError):
         return (
             "No Daytona credentials found: set DAYTONA_API_KEY, or both "
             "DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID, or write the API "
-            f"key to {self.key_file} (path taken from DAYTONA_API_KEY_FILE)."
+            f"key to {self.key_file} (path taken from DAYTONA_API_KEY_FILE). "
+            f"{IN_TESTS}"
         )
 
 
@@ -91,9 +92,13 @@ _LAZY_IMPORTS: tuple[str, ...] = ("dotenv", "daytona")
 
 
 def _finish_imports() -> None:
-    """Before a fork: let a begun import of a lazy module finish."""
+    """Before a fork: let a begun import of a lazy module finish.
+
+    A module that is absent (python-dotenv beside a test's stand-in
+    ``daytona``) or blocked (``None`` in ``sys.modules``) is not imported.
+    """
     for name in _LAZY_IMPORTS:
-        if name in sys.modules:
+        if sys.modules.get(name) is not None:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
 
@@ -151,12 +156,27 @@ def _sdk_setting(name: str, files: list[dict[str, str | None]]) -> str | None:
     return None
 
 
+def _dotenv_files() -> list[dict[str, str | None]]:
+    """Return the working directory's dotenv files, as the SDK reads them.
+
+    The SDK reads them with python-dotenv, which it imports with itself
+    (every release in the supported range). Without python-dotenv, the
+    ``daytona`` module in use is not the SDK but a test's stand-in, which
+    reads no dotenv file: neither does this.
+    """
+    try:
+        # Imported here: needed only when a client is built.
+        from dotenv import dotenv_values  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        if exc.name != "dotenv":
+            raise
+        return []
+    return [dotenv_values(name) for name in _DOTENV_FILES]
+
+
 def _sdk_finds_credentials() -> bool:
     """Whether ``daytona.Daytona()`` finds an API key or a JWT by itself."""
-    # Imported here: python-dotenv is needed only when a client is built.
-    from dotenv import dotenv_values  # noqa: PLC0415
-
-    files = [dotenv_values(name) for name in _DOTENV_FILES]
+    files = _dotenv_files()
     return any(_sdk_setting(name, files) for name in _CREDENTIALS)
 
 
@@ -171,7 +191,7 @@ def _key_from_file() -> str:
     return api_key
 
 
-def _build(cls: type[_Client]) -> _Client:
+def _build(cls: type[_Client], factory: str) -> _Client:
     """Build *cls* configured exactly as the SDK configures itself.
 
     The SDK resolves every setting in its own constructor, so whatever a
@@ -180,11 +200,13 @@ def _build(cls: type[_Client]) -> _Client:
     key and no JWT, the API key is read from the key file, and the SDK
     still resolves everything else (URL, target, organization).
     """
-    from daytona import DaytonaConfig  # noqa: PLC0415 -- the SDK is optional.
-
     if _sdk_finds_credentials():
         return cls()
-    config = DaytonaConfig(api_key=_key_from_file())
+    api_key = _key_from_file()
+    require_sdk(factory, "DaytonaConfig")
+    from daytona import DaytonaConfig  # noqa: PLC0415 -- the SDK is optional.
+
+    config = DaytonaConfig(api_key=api_key)
     with warnings.catch_warnings():
         # With a config but no api_url the SDK reads the deprecated
         # config.server_url, which warns although nobody set it. The
@@ -239,20 +261,27 @@ def daytona_client() -> daytona.Daytona:
     poolkeeper.
 
     The ``daytona`` SDK is imported at the first build, not when this
-    module is: a project without it imports and decorates freely.
+    module is: a project without it imports and decorates freely. A
+    stand-in ``daytona`` module that a test put in ``sys.modules`` is
+    built from as the SDK would be (its ``Daytona()``, or its
+    ``Daytona(DaytonaConfig(api_key=...))`` with the key file); without
+    python-dotenv, no dotenv file is read, as no SDK could have read one.
+    In tests, ``daytona_client.override(fake)`` needs neither.
 
     Raises:
         DaytonaCredentialsError: If the SDK finds no credentials and the
             key file is missing or empty.
         ModuleNotFoundError: If the ``daytona`` package is not installed
             (``pip install 'poolkeeper-daytona[sdk]'``).
+        ImportError: If the ``daytona`` module lacks ``Daytona`` (or
+            ``DaytonaConfig``, needed with the key file): a stand-in.
 
     .. versionadded:: 0.1.0
     """
-    require_sdk("daytona_client")
+    require_sdk("daytona_client", "Daytona")
     from daytona import Daytona  # noqa: PLC0415 -- the SDK is optional.
 
-    return _build(Daytona)
+    return _build(Daytona, "daytona_client")
 
 
 def _config_key(config: daytona.DaytonaConfig | Mapping[str, Any]) -> Hashable:
@@ -329,11 +358,14 @@ def make_daytona_singleton(
         return _config_key(config_factory())
 
     def build() -> daytona.Daytona:
-        require_sdk(name)
-        from daytona import Daytona, DaytonaConfig  # noqa: PLC0415
+        require_sdk(name, "Daytona")
+        from daytona import Daytona  # noqa: PLC0415 -- the SDK is optional.
 
         config = config_factory()
         if isinstance(config, Mapping):
+            require_sdk(name, "DaytonaConfig")
+            from daytona import DaytonaConfig  # noqa: PLC0415
+
             config = DaytonaConfig(**config)
         return Daytona(config)
 

@@ -21,7 +21,12 @@ from poolkeeper import PoolkeeperWarning
 
 from poolkeeper_daytona._guard import TESTED_SDK_VERSIONS, sdk_version
 
-__all__ = ["SUPPORTED_SDK_RANGE", "DaytonaVersionWarning", "require_sdk"]
+__all__ = [
+    "IN_TESTS",
+    "SUPPORTED_SDK_RANGE",
+    "DaytonaVersionWarning",
+    "require_sdk",
+]
 
 #: The ``daytona`` releases poolkeeper-daytona supports: from the oldest
 #: tested release up to, not including, the next minor release after the
@@ -31,6 +36,11 @@ SUPPORTED_SDK_RANGE: Final = (">=0.203", "<0.227")
 _INSTALL: Final = (
     "pip install 'poolkeeper-daytona[sdk]' (the tested range), "
     "or pip install daytona"
+)
+# Where a test without the SDK goes instead.
+IN_TESTS: Final = (
+    "A test without the SDK replaces the client with the singleton's "
+    "override(): with daytona_client.override(fake): ..."
 )
 _lock = threading.Lock()
 _checked = False
@@ -47,27 +57,47 @@ class DaytonaVersionWarning(PoolkeeperWarning):
     """
 
 
-def require_sdk(factory: str) -> None:
+def require_sdk(factory: str, *names: str) -> None:
     """Import the SDK for *factory*'s build, with a clear error if absent.
+
+    A stand-in ``daytona`` module that a test put in ``sys.modules`` is
+    used as the SDK, as long as it has the *names* the build takes from
+    it; the error says which is missing.
 
     Args:
         factory: The singleton that needs it, named in the error.
+        *names: What the build takes from the ``daytona`` module.
 
     Raises:
         ModuleNotFoundError: If ``daytona`` is not installed; its message
-            names the package and how to install it.
+            names the package, how to install it, and ``override()``.
+        ImportError: If the ``daytona`` module lacks one of *names* (a
+            test's stand-in); its message names ``override()``.
     """
     try:
-        import daytona  # noqa: F401, PLC0415 -- optional: first build only.
+        import daytona  # noqa: PLC0415 -- optional: first build only.
     except ModuleNotFoundError as exc:
         if exc.name != "daytona":
             raise  # The SDK is there, one of its own imports failed.
         msg = (
             f"{factory} builds a daytona.Daytona client, but the daytona "
-            f"package is not installed: {_INSTALL}."
+            f"package is not installed: {_INSTALL}. {IN_TESTS}"
         )
         raise ModuleNotFoundError(msg, name="daytona") from exc
+    missing = [name for name in names if not hasattr(daytona, name)]
+    if missing:
+        msg = (
+            f"{factory} builds its client with daytona.{missing[0]}, which "
+            f"the daytona module ({_origin(daytona)}) lacks: it is not the "
+            f"Daytona SDK. {IN_TESTS}"
+        )
+        raise ImportError(msg, name="daytona")
     _check_version()
+
+
+def _origin(module: object) -> str:
+    path = getattr(module, "__file__", None)
+    return f"from {path}" if path else "not from a file"
 
 
 def _release(text: str) -> tuple[int, ...]:

@@ -58,3 +58,34 @@ def run_pytest(
         timeout=180,
         check=False,
     )
+
+
+def use_sandbox(sandbox, word: str) -> None:
+    """Run what sandbox code runs on *sandbox*; every call must succeed.
+
+    A command (``process.exec``) and a keep-alive (``refresh_activity``),
+    as a training loop's episode and keep-alive thread do.
+    """
+    response = sandbox.process.exec(f"echo {word}")
+    assert (0, f"{word}\n") == (response.exit_code, response.result)
+    sandbox.refresh_activity()
+
+
+async def ause_sandbox(sandbox, word: str) -> None:
+    """:func:`use_sandbox` for an ``AsyncSandbox``."""
+    response = await sandbox.process.exec(f"echo {word}")
+    assert (0, f"{word}\n") == (response.exit_code, response.result)
+    await sandbox.refresh_activity()
+
+
+def sandbox_calls(emulator, sandbox_id: str) -> list[tuple[str, str, int]]:
+    """Return (method, what, status) of each request on *sandbox_id*.
+
+    *what* is the path after the sandbox id: ``""`` for the sandbox
+    itself, ``"/process/execute"``, ``"/last-activity"``, ...
+    """
+    return [
+        (r.method, r.path.partition(sandbox_id)[2], r.status)
+        for r in emulator.requests()
+        if sandbox_id in r.path
+    ]

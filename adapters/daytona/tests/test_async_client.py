@@ -19,6 +19,8 @@ class TestAsyncDaytonaClient:
     ):
         """Concurrent tasks share one client; creates reuse its session."""
         sdk_env.setenv("DAYTONA_API_KEY", "async-key")
+        # Counters are per process: other tests may have built before.
+        builds = async_daytona_client.statistics().builds
 
         async def main():
             clients = await asyncio.wait_for(
@@ -40,7 +42,7 @@ class TestAsyncDaytonaClient:
         same, stats = asyncio.run(main())
 
         assert same
-        assert 1 == stats.builds
+        assert builds + 1 == stats.builds
         assert wait_for(
             lambda: not daytona_emulator.open_connections("async-key")
         )

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 
 import daytona
 import pytest
 from daytona import ListSandboxesQuery, SandboxState
-from daytona_test_helpers import fd_count, wait_for
+from daytona_test_helpers import (
+    ause_sandbox,
+    fd_count,
+    sandbox_calls,
+    use_sandbox,
+    wait_for,
+)
 
-from poolkeeper_daytona import close_daytona
+from poolkeeper_daytona import aclose_daytona, close_daytona
 from poolkeeper_daytona.testing import DaytonaEmulator, client_id
 
 
@@ -85,6 +92,114 @@ class TestSandboxLifecycle:
         url = client._sandbox_api.get_toolbox_proxy_url(sandbox.id).url
 
         assert sandbox.toolbox_proxy_url == url
+
+
+class TestSandboxOperations:
+    """What sandbox code calls on a created sandbox is served."""
+
+    # What each sandbox must have been sent, and answered with success.
+    # The three are deleted three ways: the sandbox's own delete(), the
+    # client's (the SDK runs it as the sandbox's), and the client's,
+    # waiting for the destroyed state.
+    CALLED: tuple[tuple[str, str, int], ...] = (
+        ("POST", "/process/execute", 200),
+        ("POST", "/last-activity", 201),
+        ("DELETE", "", 200),
+    )
+
+    def _check_calls(self, emulator, sandboxes):
+        for sandbox in sandboxes:
+            calls = sandbox_calls(emulator, sandbox.id)
+            assert set(self.CALLED) <= set(calls), calls
+            assert all(status < 400 for _, _, status in calls), calls
+            assert emulator.sandbox_states()[sandbox.id] in {
+                "destroying",
+                "destroyed",
+            }
+
+    def test_exec_refresh_and_delete(self, make_client, daytona_emulator):
+        """process.exec, refresh_activity and delete all succeed."""
+        client = make_client(api_key="sandbox-ops")
+        sandboxes = [client.create() for _ in range(3)]
+
+        for n, sandbox in enumerate(sandboxes):
+            use_sandbox(sandbox, f"sync-{n}")
+        first, second, third = sandboxes
+        first.delete()
+        client.delete(second)
+        client.delete(third, wait=True)
+
+        assert SandboxState.DESTROYED == third.state
+        self._check_calls(daytona_emulator, sandboxes)
+
+    def test_async_exec_refresh_and_delete(self, daytona_emulator):
+        """The same calls succeed on AsyncSandbox objects."""
+
+        async def main():
+            client = daytona.AsyncDaytona(
+                daytona.DaytonaConfig(
+                    api_key="async-ops",
+                    api_url=daytona_emulator.api_url,
+                    target="us",
+                )
+            )
+            try:
+                sandboxes = [await client.create() for _ in range(3)]
+                for n, sandbox in enumerate(sandboxes):
+                    await ause_sandbox(sandbox, f"async-{n}")
+                first, second, third = sandboxes
+                await first.delete()
+                await client.delete(second)
+                await client.delete(third, wait=True)
+            finally:
+                await aclose_daytona(client)
+            return sandboxes
+
+        sandboxes = asyncio.run(asyncio.wait_for(main(), 60))
+
+        assert SandboxState.DESTROYED == sandboxes[2].state
+        self._check_calls(daytona_emulator, sandboxes)
+
+    def test_exec_answers_like_a_shell(self, make_client):
+        """Exit codes come back; a command the emulator lacks exits 127."""
+        sandbox = make_client().create()
+
+        answers = [
+            (r.exit_code, r.result)
+            for r in map(
+                sandbox.process.exec,
+                ["echo 'a  b' c", "true", "false", "exit 3", "ls -l", "'"],
+            )
+        ]
+
+        assert [
+            (0, "a  b c\n"),
+            (0, ""),
+            (1, ""),
+            (3, ""),
+            (127, "sh: ls: not found\n"),
+            (2, "sh: syntax error: '\n"),
+        ] == answers
+
+    def test_exec_on_a_deleted_sandbox_fails(self, make_client):
+        """A destroyed sandbox runs nothing, as the real one."""
+        client = make_client()
+        sandbox = client.create()
+        client.delete(sandbox, wait=True)
+
+        with pytest.raises(daytona.DaytonaError, match="not started"):
+            sandbox.process.exec("echo late")
+
+    def test_unknown_sandbox_is_not_found(self, make_client):
+        """A sandbox the emulator never made gets 404 on both routes."""
+        sandbox = make_client().create()
+        sandbox.id = "no-such-sandbox"
+        sandbox._toolbox_api._sandbox_id = "no-such-sandbox"
+
+        with pytest.raises(daytona.DaytonaNotFoundError):
+            sandbox.process.exec("echo lost")
+        with pytest.raises(daytona.DaytonaNotFoundError):
+            sandbox.refresh_activity()
 
 
 class TestAuthentication:

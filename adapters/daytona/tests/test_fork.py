@@ -165,3 +165,35 @@ class TestForkDuringALazyImport:
             gate.release.set()
             importer.join(_CHILD_TIMEOUT)
             sys.modules.pop(name, None)
+
+    def test_an_absent_module_is_left_absent(self, monkeypatch, tmp_path):
+        """python-dotenv blocked beside a stand-in SDK: a fork still works.
+
+        The hook imports neither a blocked module (``None`` in
+        ``sys.modules``) nor one never imported, and the child builds
+        from the stand-in ``daytona`` module without python-dotenv.
+        """
+        import sys
+        import types
+
+        from poolkeeper_daytona import _client
+
+        monkeypatch.setitem(sys.modules, "dotenv", None)
+        monkeypatch.setattr(
+            _client, "_LAZY_IMPORTS", ("dotenv", "pk_never_imported")
+        )
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("DAYTONA_API_KEY", "stand-in-key")
+
+        _client._finish_imports()
+
+        assert sys.modules["dotenv"] is None
+        assert "pk_never_imported" not in sys.modules
+
+        def child() -> int:
+            stand_in = types.ModuleType("daytona")
+            stand_in.Daytona = type("Daytona", (), {})
+            sys.modules["daytona"] = stand_in
+            return 0 if type(daytona_client()) is stand_in.Daytona else 3
+
+        assert 0 == _run_in_child(child)

@@ -69,7 +69,7 @@ class TestSdkOptionalProject:
         """Collection works; the SDK tests skip; a build names daytona."""
         out = _run_project(tmp_path, hide_sdk=True)
 
-        assert "5 passed, 1 skipped" in out, out
+        assert "10 passed, 1 skipped" in out, out
         assert "SKIPPED" in out, out
         assert "could not import 'daytona'" in out, out
 
@@ -77,4 +77,4 @@ class TestSdkOptionalProject:
         """With the SDK, every test but the SDK-absent one runs for real."""
         out = _run_project(tmp_path, hide_sdk=False)
 
-        assert "7 passed, 1 skipped" in out, out
+        assert "12 passed, 1 skipped" in out, out

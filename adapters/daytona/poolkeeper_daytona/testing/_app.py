@@ -1,6 +1,7 @@
 """The emulator's HTTP routes and Socket.IO server (aiohttp, one loop).
 
-Only what ``daytona.Daytona`` calls for create/get/list/delete exists:
+Only what ``daytona.Daytona`` calls for create/get/list/delete, and what
+a sandbox calls for ``process.exec`` and ``refresh_activity``, exists:
 anything else answers 404, so a test notices when the SDK starts calling
 something new.
 """
@@ -23,6 +24,7 @@ from poolkeeper_daytona.testing._breaks import (
 )
 from poolkeeper_daytona.testing._records import client_id
 from poolkeeper_daytona.testing._sandboxes import Sandbox, SandboxStore
+from poolkeeper_daytona.testing._toolbox import TOOLBOX_PREFIX, answer
 
 if TYPE_CHECKING:
     import random
@@ -130,6 +132,12 @@ class EmulatorApp:
         self.app.router.add_delete(sandbox + "/{id}", self._delete)
         self.app.router.add_get(
             sandbox + "/{id}/toolbox-proxy-url", self._proxy_url
+        )
+        self.app.router.add_post(
+            sandbox + "/{id}/last-activity", self._refresh_activity
+        )
+        self.app.router.add_post(
+            TOOLBOX_PREFIX + "/{id}/process/execute", self._execute
         )
 
     def set_origin(self, origin: str) -> None:
@@ -269,6 +277,26 @@ class EmulatorApp:
         if sandbox is None:
             return _error(404, "Sandbox not found")
         return web.json_response({"url": sandbox.data["toolboxProxyUrl"]})
+
+    async def _refresh_activity(self, request: web.Request) -> web.Response:
+        sandbox = self.store.find(request.match_info["id"])
+        if sandbox is None:
+            return _error(404, "Sandbox not found")
+        # The API answers 201 with no body; the ledger records the call.
+        return web.Response(status=201)
+
+    async def _execute(self, request: web.Request) -> web.Response:
+        sandbox = self.store.find(request.match_info["id"])
+        if sandbox is None:
+            return _error(404, "Sandbox not found")
+        if sandbox.state != "started":
+            return _error(400, f"Sandbox is {sandbox.state}, not started")
+        body = await request.json()
+        command = body.get("command") if isinstance(body, dict) else None
+        if not isinstance(command, str):
+            return _error(400, "command must be a string")
+        exit_code, output = answer(command)
+        return web.json_response({"exitCode": exit_code, "result": output})
 
     def _later(self, delay: float, sandbox: Sandbox, state: str) -> None:
         loop = asyncio.get_running_loop()

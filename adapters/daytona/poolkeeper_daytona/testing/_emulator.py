@@ -66,9 +66,12 @@ async def _cancel_leftovers() -> None:
 class DaytonaEmulator:
     """Emulates the Daytona API that ``daytona.Daytona`` talks to.
 
-    The emulator serves REST (create, get, list, delete, toolbox proxy URL)
-    and the Socket.IO event channel on ``127.0.0.1`` on a free port, from
-    an event loop owned by one background thread. It records every
+    The emulator serves REST (create, get, list, delete, toolbox proxy URL,
+    a sandbox's ``refresh_activity()``), a sandbox's toolbox (its
+    ``process.exec()``, answered by a four-command shell that runs
+    nothing: ``echo``, ``true``, ``false``, ``exit N``) and the Socket.IO
+    event channel on ``127.0.0.1`` on a free port, from an event loop
+    owned by one background thread. It records every
     connection, request and Socket.IO session, so tests can assert that a
     client reuses its connections and that a closed client's connections
     are gone. It stops itself after *max_lifetime* seconds.

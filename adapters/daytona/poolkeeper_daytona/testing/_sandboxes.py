@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from poolkeeper_daytona.testing._toolbox import TOOLBOX_PREFIX
+
 if TYPE_CHECKING:
     import random
 
@@ -68,7 +70,7 @@ class SandboxStore:
             "disk": 3,
             "state": "creating",
             "desiredState": "started",
-            "toolboxProxyUrl": f"{self.base_url}/toolbox",
+            "toolboxProxyUrl": f"{self.base_url}{TOOLBOX_PREFIX}",
         }
         sandbox = Sandbox(owner=owner, data=data)
         self._sandboxes[sandbox_id] = sandbox

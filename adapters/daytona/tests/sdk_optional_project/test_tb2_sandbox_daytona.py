@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 from tb2_sandbox_daytona import (
     create_sandbox,
@@ -9,6 +12,8 @@ from tb2_sandbox_daytona import (
     eval_daytona,
     run_episode,
 )
+
+from poolkeeper_daytona import DaytonaCredentialsError
 
 
 class FlakyDaytona:
@@ -35,6 +40,42 @@ def _sdk_installed() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _dotenv_installed() -> bool:
+    try:
+        import dotenv  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class StandInDaytona:
+    """The stand-in SDK's client: remembers the config it was given."""
+
+    def __init__(self, config=None):
+        self.config = config
+
+
+class StandInConfig:
+    """The stand-in SDK's DaytonaConfig: remembers its fields."""
+
+    def __init__(self, **fields):
+        self.fields = fields
+
+
+@pytest.fixture(name="stand_in")
+def _stand_in(monkeypatch, tmp_path):
+    """A stand-in daytona module in sys.modules, and no credentials."""
+    module = types.ModuleType("daytona")
+    module.Daytona = StandInDaytona
+    module.DaytonaConfig = StandInConfig
+    monkeypatch.setitem(sys.modules, "daytona", module)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DAYTONA_API_KEY", raising=False)
+    monkeypatch.delenv("DAYTONA_JWT_TOKEN", raising=False)
+    monkeypatch.setenv("DAYTONA_API_KEY_FILE", str(tmp_path / "api_key"))
+    return module
 
 
 def test_retries_reuse_one_client():
@@ -81,5 +122,60 @@ def test_without_the_sdk_a_build_names_the_package(monkeypatch):
     monkeypatch.setenv("DAYTONA_API_KEY", "k")
 
     for singleton in (daytona_client, eval_daytona):
-        with pytest.raises(ModuleNotFoundError, match=r"daytona.*pip install"):
+        with pytest.raises(
+            ModuleNotFoundError, match=r"daytona.*pip install.*override\(\)"
+        ):
             singleton()
+
+
+class TestAStandInSdk:
+    """A daytona module a test put in sys.modules is built from."""
+
+    def test_both_singletons_build_from_it(self, stand_in, monkeypatch):
+        """daytona_client() calls its Daytona(); the eval one its config."""
+        monkeypatch.setenv("DAYTONA_API_KEY", "train-key")
+        monkeypatch.setenv("EVAL_DAYTONA_API_KEY", "eval-key")
+
+        client = daytona_client()
+        other = eval_daytona()
+
+        assert StandInDaytona is type(client)
+        assert client.config is None
+        assert {"api_key": "eval-key", "api_url": ""} == other.config.fields
+
+    def test_the_key_file_goes_through_its_config(self, stand_in, tmp_path):
+        """Without a variable, the key file's key is in its DaytonaConfig."""
+        (tmp_path / "api_key").write_text("file-key\n")
+
+        assert {"api_key": "file-key"} == daytona_client().config.fields
+
+    def test_no_credentials_says_to_override(self, stand_in):
+        """Nothing set: the adapter's error names override() for tests."""
+        with pytest.raises(DaytonaCredentialsError, match=r"override\(\)"):
+            daytona_client()
+
+    def test_a_module_without_daytona_says_to_override(
+        self, stand_in, monkeypatch
+    ):
+        """A stand-in lacking what the build takes: an error, not a guess."""
+        monkeypatch.setenv("DAYTONA_API_KEY", "train-key")
+        monkeypatch.delattr(stand_in, "Daytona")
+
+        with pytest.raises(
+            ImportError,
+            match=r"daytona\.Daytona.*not the Daytona SDK.*"
+            r"override\(\)",
+        ):
+            daytona_client()
+
+    def test_dotenv_files_count_where_the_sdk_could_read_them(
+        self, stand_in, tmp_path
+    ):
+        """The SDK reads .env with python-dotenv; without it, nobody does."""
+        (tmp_path / ".env").write_text("DAYTONA_API_KEY=dotenv-key\n")
+
+        if _dotenv_installed():
+            assert daytona_client().config is None  # As daytona.Daytona().
+        else:
+            with pytest.raises(DaytonaCredentialsError):
+                daytona_client()
