@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import boto3
+from botocore.config import Config
 
 from poolkeeper import keys, process_singleton, release_sockets
 
@@ -22,6 +24,10 @@ AWS_ENV = (
     *("http_proxy", "https_proxy", "no_proxy"),
 )
 
+# How many threads of this process use the client at once; the pool is
+# sized for them (docs/sdk-recipes.md, "Sizing the pool for the threads").
+THREADS = int(os.environ.get("APP_THREADS", "128"))
+
 
 def release_s3(client: BaseClient) -> None:
     """Release a forked child's copies of the client's pooled sockets."""
@@ -35,4 +41,7 @@ def release_s3(client: BaseClient) -> None:
 @process_singleton(key=keys.env(*AWS_ENV), after_fork=release_s3)
 def s3() -> BaseClient:
     """Build an S3 client; botocore reads AWS_* variables and files."""
-    return boto3.session.Session().client("s3")
+    # botocore's pool keeps 10 connections: the 11th busy thread's is
+    # thrown away after its request ("Connection pool is full").
+    config = Config(max_pool_connections=THREADS)
+    return boto3.session.Session().client("s3", config=config)

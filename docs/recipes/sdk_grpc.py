@@ -19,6 +19,8 @@ GRPC_ENV = ("GRPC_TARGET", "grpc_proxy", "https_proxy", "no_grpc_proxy")
 
 # No after_fork=: gRPC's fork support makes the child let go of the
 # parent's connections (its sockets are not Python objects anyway).
+# No pool to size for the threads: a channel carries every thread's calls
+# as streams of one HTTP/2 connection.
 @process_singleton(key=keys.env(*GRPC_ENV))
 def channel() -> grpc.Channel:
     """Open a channel; it connects on first use."""

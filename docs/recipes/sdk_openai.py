@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import openai
 
 from poolkeeper import keys, process_singleton, release_sockets
@@ -15,11 +18,28 @@ OPENAI_ENV = (
     *("SSL_CERT_FILE", "SSL_CERT_DIR"),
 )
 
+# How many threads of this process use the client at once; the pool is
+# sized for them (docs/sdk-recipes.md, "Sizing the pool for the threads").
+THREADS = int(os.environ.get("APP_THREADS", "128"))
+
 
 @process_singleton(key=keys.env(*OPENAI_ENV), after_fork=release_sockets)
 def llm() -> openai.OpenAI:
     """Build the client; OpenAI() reads its OPENAI_* variables."""
-    return openai.OpenAI(max_retries=0, timeout=10.0)
+    # OpenAI's own httpx client keeps 100 connections alive: beyond 100
+    # busy threads it closes and reopens them, and those idle 5 s too (kept
+    # 60 s here). DefaultHttpxClient keeps OpenAI's other defaults;
+    # OpenAI.close() closes it.
+    limits = httpx.Limits(
+        max_connections=THREADS,
+        max_keepalive_connections=THREADS,
+        keepalive_expiry=60.0,
+    )
+    return openai.OpenAI(
+        max_retries=0,
+        timeout=10.0,
+        http_client=openai.DefaultHttpxClient(limits=limits),
+    )
 
 
 @process_singleton(key=keys.env(*OPENAI_ENV), after_fork=release_sockets)

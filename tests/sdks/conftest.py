@@ -27,6 +27,9 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
+# Importable only once _HERE is on the path.
+from sdk_drivers import SYNC  # noqa: E402
+
 TIMEOUT = shutil.which("timeout") or "timeout"  # coreutils
 RECIPES = _HERE.parent.parent / "docs" / "recipes"
 LIFETIME = 1800  # seconds; the whole SDK suite takes a small part of it.
@@ -251,6 +254,14 @@ def _grpc_server(tmp_path_factory):
     _wait(server, lambda: "ready" in server.output())
     yield server
     server.stop()
+
+
+@pytest.fixture(name="sdk", params=SYNC, ids=lambda cls: cls.__name__)
+def _sdk(request, recipe, monkeypatch):
+    """A driver of each sync recipe, pointed at its running server."""
+    cls = request.param
+    server = request.getfixturevalue(cls.server)
+    return cls(recipe(cls.recipe), server, monkeypatch)
 
 
 @pytest.fixture(name="recipe")

@@ -71,6 +71,11 @@ class Driver:
         """Make one request; return the connection's client port."""
         raise NotImplementedError
 
+    @property
+    def pool_size(self):
+        """Return the most connections the recipe's client keeps open."""
+        return self.module.THREADS
+
     def server_open(self, port):
         """Return whether the server still has the connection open."""
         return sdk_net.server_sees_open(self.server.port, port)
@@ -256,6 +261,8 @@ class Grpc(Driver):
     server = "grpc_server"
     key_names = ("GRPC_TARGET",)
     python_sockets = False
+    # A channel multiplexes every call over one HTTP/2 connection.
+    pool_size = 1
 
     def setup(self):
         self.setenv("GRPC_TARGET", self.server.url)

@@ -69,3 +69,27 @@ def wait_until(predicate, timeout=5.0):
             return bool(predicate())
         pause.wait(0.02)
     return True
+
+
+def together(count, work, timeout):
+    """Run *work* on *count* threads released at once; return their errors.
+
+    Every thread is joined within *timeout* seconds (asserted).
+    """
+    barrier = threading.Barrier(count, timeout=timeout)
+    errors = []
+
+    def run():
+        try:
+            barrier.wait()
+            work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive()
+    return errors

@@ -3,45 +3,24 @@
 from __future__ import annotations
 
 import os
-import threading
 
-import pytest
 import sdk_net
-from sdk_drivers import SYNC
 from sdk_fork import Forked
 
 THREADS = 32
 JOIN = 60.0
 
 
-@pytest.fixture(name="sdk", params=SYNC, ids=lambda cls: cls.__name__)
-def _sdk(request, recipe, monkeypatch):
-    cls = request.param
-    server = request.getfixturevalue(cls.server)
-    return cls(recipe(cls.recipe), server, monkeypatch)
-
-
 def _race(sdk):
     """Release THREADS first calls together; return (clients, ports)."""
-    barrier = threading.Barrier(THREADS, timeout=JOIN)
-    clients, ports, errors = [], [], []
+    clients, ports = [], []
 
     def first_call():
-        try:
-            barrier.wait()
-            client = sdk.singleton()
-            clients.append(client)
-            ports.append(sdk.use(client))
-        except BaseException as exc:
-            errors.append(exc)
+        client = sdk.singleton()
+        clients.append(client)
+        ports.append(sdk.use(client))
 
-    threads = [threading.Thread(target=first_call) for _ in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(JOIN)
-        assert not thread.is_alive()
-    assert [] == errors
+    assert [] == sdk_net.together(THREADS, first_call, JOIN)
     return clients, ports
 
 

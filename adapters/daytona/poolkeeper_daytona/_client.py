@@ -15,6 +15,7 @@ from poolkeeper import fingerprint, keys, process_singleton
 
 from poolkeeper_daytona._close import _after_fork, close_daytona
 from poolkeeper_daytona._sdk import IN_TESTS, require_sdk
+from poolkeeper_daytona._threads import bound_threads
 from poolkeeper_daytona._transport import is_transport_failure
 
 if TYPE_CHECKING:
@@ -281,7 +282,9 @@ def daytona_client() -> daytona.Daytona:
     require_sdk("daytona_client", "Daytona")
     from daytona import Daytona  # noqa: PLC0415 -- the SDK is optional.
 
-    return _build(Daytona, "daytona_client")
+    client = _build(Daytona, "daytona_client")
+    bound_threads(client)
+    return client
 
 
 def _config_key(config: daytona.DaytonaConfig | Mapping[str, Any]) -> Hashable:
@@ -367,7 +370,9 @@ def make_daytona_singleton(
             from daytona import DaytonaConfig  # noqa: PLC0415
 
             config = DaytonaConfig(**config)
-        return Daytona(config)
+        client = Daytona(config)
+        bound_threads(client)
+        return client
 
     name = getattr(config_factory, "__qualname__", "daytona_singleton")
     build.__qualname__ = build.__name__ = name

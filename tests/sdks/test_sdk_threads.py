@@ -1,0 +1,95 @@
+"""128 threads share each recipe's client: no error, no churn.
+
+Each thread makes CALLS requests through the recipe's singleton. The
+server names the connection that carried each request (its client port),
+so the distinct ports are the connections the client opened. A pool sized
+for the threads opens at most one per thread and keeps them: never more
+than its size, whatever the number of requests. A pool too small for the
+threads shows up as errors (redis-py's MaxConnectionsError), as urllib3's
+"Connection pool is full, discarding connection" warnings (requests,
+urllib3, boto3), or as connections opened beyond the pool's size (httpx
+closing what it may not keep alive).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import sdk_net
+from sdk_drivers import Requests
+
+from poolkeeper import keys, process_singleton
+
+#: The issue's job: 128 threads on one client.
+THREADS = 128
+#: Requests per thread: 1,024 in all, eight times the pool's size, so a
+#: pool that churns opens many more connections than it holds.
+CALLS = 8
+JOIN = 120.0
+
+
+class _PoolWarnings(logging.Handler):
+    """What urllib3's connection pools log at WARNING (a full pool)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(name="pool_warnings")
+def _pool_warnings():
+    handler = _PoolWarnings()
+    logger = logging.getLogger("urllib3.connectionpool")
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+
+
+def _share(sdk, single):
+    """THREADS threads make CALLS requests each; return (ports, errors)."""
+    ports = []
+
+    def calls():
+        ports.extend(sdk.use(single()) for _ in range(CALLS))
+
+    return ports, sdk_net.together(THREADS, calls, JOIN)
+
+
+class TestSharedByThreads:
+    def test_one_client_serves_128_threads_within_its_pool(
+        self, sdk, pool_warnings
+    ):
+        """128 threads: no error or warning, connections within the pool."""
+        assert THREADS <= sdk.pool_size or 1 == sdk.pool_size
+        ports, errors = _share(sdk, sdk.singleton)
+        assert [] == errors
+        assert [] == pool_warnings
+        assert 1 == sdk.singleton.statistics().builds
+        assert THREADS * CALLS == len(ports)
+        assert len(set(ports)) <= sdk.pool_size
+
+    def test_a_pool_too_small_churns_and_warns(
+        self, recipe, http_server, monkeypatch, pool_warnings
+    ):
+        """requests' default pool (10): warnings, connections beyond it.
+
+        The harness sees what the recipes avoid.
+        """
+        sdk = Requests(recipe("sdk_requests"), http_server, monkeypatch)
+        plain = process_singleton(key=keys.env(*sdk.key_names))(
+            lambda: __import__("requests").Session()
+        )
+        try:
+            ports, errors = _share(sdk, plain)
+        finally:
+            plain.reset()
+        assert [] == errors
+        assert pool_warnings
+        assert all("Connection pool is full" in m for m in pool_warnings)
+        assert len(set(ports)) > 10
