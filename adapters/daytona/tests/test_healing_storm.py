@@ -14,13 +14,14 @@ in violation of protocol") and cuts responses mid-body, while threads
   its spacing (as here) they happen at the earliest 0, 1, 3, 7 s after
   the first: at most 4 in the 10 s storm (5 builds in all with the client
   live when it began), whatever the number of failed calls. The open fds
-  stay flat (sampled every 50 ms: below two clients' worth of
-  connections, no growth by least squares, nowhere near the incident's
-  ~17 fds/s); every thread succeeds again once the faults stop; nothing
+  stay flat: every sample (every 50 ms) below two clients' worth of
+  connections, a bound derived from the SDK's pool and the threads, not
+  from a rate; every thread succeeds again once the faults stop; nothing
   is left once the singleton is closed.
 - naive: a new ``daytona.Daytona`` per attempt, kept referenced (as the
   incident's closures kept theirs), over the same storm: its fds grow
-  with every attempt (pools, websockets and their threads).
+  with every attempt (pools, websockets and their threads), past what
+  its threads' connections in flight could hold.
 
 A fresh singleton per test: the backoff of a module-level one
 (``daytona_client``) would outlive the test.
@@ -62,8 +63,6 @@ THREADS = 64
 # attempt, and 64 of those on 2 loaded cores take minutes; the baseline
 # only has to show that its fds grow.
 NAIVE_THREADS = 16
-#: The incident's growth of open fds, per second (INCIDENT.md).
-INCIDENT_FDS_PER_SECOND = 17
 #: Slack on top of the backoff for a loaded 2-core machine (seconds).
 SLACK = 5.0
 #: Every attempt of the storm: most handshakes dropped, some responses cut.
@@ -367,9 +366,10 @@ def test_healing_stays_bounded_where_a_client_per_attempt_leaks(storm_emu):
     # dropped by the emulator but open on its side, and the new one): 4
     # fds a thread; 16 more for the websockets (up to 3 during a
     # reconnect) and closes the emulator's loop has not seen yet.
-    # Every thread back.
+    # Bounded by that at every sample of the storm: no growth, whatever
+    # the machine's speed (the slope is printed, not asserted: a rate
+    # follows the load). Every thread back.
     assert max(samples) <= baseline + 4 * THREADS + 16
-    assert growth < INCIDENT_FDS_PER_SECOND / 4
     assert run.recovered, run.recovery
     assert quiet
     assert released, (fd_count(), baseline)
@@ -377,10 +377,6 @@ def test_healing_stays_bounded_where_a_client_per_attempt_leaks(storm_emu):
     # threads' connections in flight could explain (both ends of one a
     # thread), and steadily, where the pooled run did not grow.
     assert naive.samples[-1] - naive_before > 2 * NAIVE_THREADS
-    # The baseline only has to grow, and faster than the pooled run: its
-    # rate follows the machine's load (3.4 fds/s in CI with a second
-    # target beside it, 17-21 on a quiet machine).
-    assert naive_growth > max(1.0, growth + 1.0)
 
 
 def test_the_bound_counts_the_doublings():
