@@ -42,6 +42,14 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
         await client.close()  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 -- logged; the steps below run.
         log_failure("AsyncDaytona.close() failed.", exc)
+    except asyncio.CancelledError:
+        if not _sdk_task_cancelled(sio):
+            raise
+        # At a loop's end asyncio.run() cancels every task before the
+        # loop's shutdown closes this client: close() re-raises the
+        # cancellation of the Socket.IO read loop from its last step (the
+        # dispatcher's disconnect), after its HTTP sessions were closed.
+        # This close was not cancelled: the steps below run.
     if dispatcher is None:
         return
     if sio is None:
@@ -53,6 +61,21 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
     if shutdown is not None:
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
             await asyncio.wait_for(shutdown(), _SHUTDOWN_SECONDS)
+
+
+def _sdk_task_cancelled(sio: object) -> bool:
+    """Whether a CancelledError came from the SDK's cancelled read loop.
+
+    Not from the task running the close: that one is cancelled by its
+    caller (Python 3.11+ counts it: ``Task.cancelling()``).
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if callable(cancelling) and cancelling():
+        return False
+    reader = getattr(getattr(sio, "eio", None), "read_loop_task", None)
+    cancelled = getattr(reader, "cancelled", None)
+    return callable(cancelled) and bool(cancelled())
 
 
 @process_singleton(

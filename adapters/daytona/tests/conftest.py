@@ -9,6 +9,7 @@ import daytona
 import poolkeeper
 import pytest
 from daytona_test_helpers import fd_count, settle
+from poolkeeper import _filekeys
 
 from poolkeeper_daytona import close_daytona
 from poolkeeper_daytona._client import _ENV_VARS, _file_keys
@@ -81,7 +82,12 @@ def _make_client(daytona_emulator):
 
 @pytest.fixture(name="baseline")
 def _baseline(daytona_emulator):
-    """Return (fds, threads) with the emulator running and nothing else."""
+    """Return (fds, threads) with the emulator running and nothing else.
+
+    Nothing else but the file-key thread: the adapter's singletons watch
+    their key files from the first build on, for the process's life.
+    """
     del daytona_emulator
+    _filekeys.ensure()
     settle()
     return fd_count(), threading.active_count()

@@ -95,3 +95,33 @@ class TestAsyncDaytonaClient:
         assert wait_for(
             lambda: not daytona_emulator.open_connections("async-twice")
         )
+
+    def test_the_live_client_closes_at_the_loops_end(
+        self, sdk_env, daytona_emulator
+    ):
+        """asyncio.run() ends: the loop's client is closed, not a failure.
+
+        asyncio.run() cancels every task (the SDK's Socket.IO read loop
+        too) before its loop's shutdown closes the client, and the SDK's
+        close() re-raised that cancellation from its last step: the close
+        was counted as failed and the Socket.IO client never shut down.
+        """
+        sdk_env.setenv("DAYTONA_API_KEY", "async-loop-end")
+        before = async_daytona_client.statistics()
+
+        async def main() -> None:
+            client = await async_daytona_client()
+            await client.create()
+
+        asyncio.run(main())
+        after = async_daytona_client.statistics()
+        assert after.retirements["loop_end"] == (
+            before.retirements["loop_end"] + 1
+        )
+        assert (after.closes, after.close_failures) == (
+            before.closes + 1,
+            before.close_failures,
+        )
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("async-loop-end")
+        )

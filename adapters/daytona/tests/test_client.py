@@ -164,7 +164,7 @@ class TestKeyRotation:
                 (settle(), (fd_count(), threading.active_count()))[1]
                 == baseline
             )
-        )
+        ), (fd_count(), threading.enumerate(), baseline)
 
     def test_rotation_via_key_file(
         self, sdk_env, daytona_emulator, tmp_path, baseline
