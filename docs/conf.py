@@ -82,6 +82,7 @@ nitpick_ignore = [
     ("py:class", "poolkeeper._sync.T"),
     ("py:class", "poolkeeper._async.T"),
     ("py:class", "poolkeeper._identity.T"),
+    ("py:class", "poolkeeper._registry.T"),
     # The private classes typing what process_singleton(...) returns when
     # called with options (a decorator); they are not public API, and the
     # hooked one exists only for type checkers.
