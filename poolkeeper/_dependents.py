@@ -15,8 +15,9 @@ the object is collected. The object's weak reference's callback only
 appends to a queue (it may run inside a collection, on any thread, in the
 middle of anything: it takes no lock and calls into nothing), and a sweep
 on the timer thread (``_timers``) releases the holds queued, every
-:data:`SWEEP_EVERY` seconds while any object is held, and hands a close a
-release dooms to a worker thread.
+:data:`SWEEP_EVERY` seconds while any object is held (every
+:data:`SWEEP_SOON` while a retired client is held: its close waits for
+the sweep), and hands a close a release dooms to a worker thread.
 
 A forked child keeps the holds: those of abandoned clients release
 nothing (an abandoned record is never closed), those of ``fork="keep"``
@@ -26,10 +27,12 @@ clients go on holding them; the sweep's timer is resumed in the child.
 from __future__ import annotations
 
 import collections
+import gc
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
+from poolkeeper._records import ClientState
 from poolkeeper._timers import Timer
 
 if TYPE_CHECKING:
@@ -37,10 +40,19 @@ if TYPE_CHECKING:
     from poolkeeper._lifecycle import Lifecycle
     from poolkeeper._records import Record
 
-__all__ = ["SWEEP", "SWEEP_EVERY", "Hold", "after_fork_in_child", "hold"]
+__all__ = [
+    "SWEEP",
+    "SWEEP_EVERY",
+    "SWEEP_SOON",
+    "Hold",
+    "after_fork_in_child",
+    "hold",
+]
 
 #: How often, in seconds, the holds of collected objects are released.
 SWEEP_EVERY: Final = 0.5
+#: How often while a retired client is held: its close should not wait.
+SWEEP_SOON: Final = 0.05
 #: The sweep's timer's owner (see _registry's fork hook).
 SWEEP: Final = object()
 
@@ -72,6 +84,8 @@ _gone: collections.deque[Hold] = collections.deque()
 # Arms the sweep: never taken by a weak reference's callback.
 _lock = threading.Lock()
 _sweeper: Timer | None = None
+# Whether the next sweep is for a retired client (see _interval).
+_hurried = False
 
 
 def hold(
@@ -110,6 +124,11 @@ def _sweep() -> None:
     """
     global _sweeper  # noqa: PLW0603 -- the one sweep of the process.
     try:
+        if _hurried:
+            # A retired client waits: objects made from it are often in
+            # reference cycles (an SDK object and its parts), which only
+            # the collector frees. The young generations, where they are.
+            gc.collect(1)
         while True:
             try:
                 entry = _gone.popleft()
@@ -121,7 +140,17 @@ def _sweep() -> None:
         with _lock:
             _sweeper = None
             if _holds or _gone:
-                _sweeper = Timer(SWEEP_EVERY, _sweep, inline=True, owner=SWEEP)
+                _sweeper = Timer(_interval(), _sweep, inline=True, owner=SWEEP)
+
+
+def _interval() -> float:
+    """SWEEP_SOON while a hold is on a retired client, else SWEEP_EVERY."""
+    global _hurried  # noqa: PLW0603 -- the sweep's own.
+    _hurried = any(
+        entry.held and entry.held[0].state is ClientState.RETIRED
+        for entry in list(_holds)
+    )
+    return SWEEP_SOON if _hurried else SWEEP_EVERY
 
 
 def _release(entry: Hold) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from poolkeeper import fingerprint, keys, process_singleton
 
 from poolkeeper_daytona._close import _after_fork, close_daytona
+from poolkeeper_daytona._made import hold_sandboxes
 from poolkeeper_daytona._sdk import IN_TESTS, require_sdk
 from poolkeeper_daytona._threads import bound_threads
 from poolkeeper_daytona._transport import is_transport_failure
@@ -199,8 +200,15 @@ def _build(cls: type[_Client], factory: str) -> _Client:
     release does (which variables, which dotenv files, which order) holds
     unchanged. poolkeeper adds one thing: when the SDK would find no API
     key and no JWT, the API key is read from the key file, and the SDK
-    still resolves everything else (URL, target, organization).
+    still resolves everything else (URL, target, organization). Each
+    sandbox the client hands out keeps it open (see ``_made``).
     """
+    client = _configured(cls, factory)
+    hold_sandboxes(client)
+    return client
+
+
+def _configured(cls: type[_Client], factory: str) -> _Client:
     if _sdk_finds_credentials():
         return cls()
     api_key = _key_from_file()
@@ -249,6 +257,11 @@ def daytona_client() -> daytona.Daytona:
       makes the next call look at the file it names at once.
 
     A forked child builds its own and leaves the parent's untouched.
+
+    Each sandbox the client hands out (``create``, ``get``, ``find_one``,
+    ``list``) keeps it open after a retirement
+    (:func:`poolkeeper.made_from`): a retired client closes once its last
+    lease has ended and its last sandbox is gone.
 
     A broken connection retires the client (``retire_on`` is
     :func:`~poolkeeper_daytona.is_transport_failure`): when a call made
@@ -372,6 +385,7 @@ def make_daytona_singleton(
             config = DaytonaConfig(**config)
         client = Daytona(config)
         bound_threads(client)
+        hold_sandboxes(client)
         return client
 
     name = getattr(config_factory, "__qualname__", "daytona_singleton")

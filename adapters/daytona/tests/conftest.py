@@ -8,7 +8,7 @@ import threading
 import daytona
 import poolkeeper
 import pytest
-from daytona_test_helpers import fd_count, settle
+from daytona_test_helpers import fd_count, quiet
 from poolkeeper import _filekeys
 
 from poolkeeper_daytona import close_daytona
@@ -89,5 +89,5 @@ def _baseline(daytona_emulator):
     """
     del daytona_emulator
     _filekeys.ensure()
-    settle()
+    quiet()
     return fd_count(), threading.active_count()

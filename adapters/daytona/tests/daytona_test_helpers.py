@@ -6,6 +6,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from poolkeeper_daytona.testing import DaytonaEmulator
@@ -23,6 +24,18 @@ def settle() -> None:
     """Collect garbage, so only resources something still holds remain."""
     gc.collect()
     gc.collect()
+
+
+def quiet() -> None:
+    """Collect garbage and wait (bounded) for poolkeeper's timer threads.
+
+    They end when no timer is left: those of earlier tests' clients, and
+    the sweep of objects made from clients (poolkeeper.made_from), which
+    ends once they are collected. A test that counts threads starts then.
+    """
+    ours = {"poolkeeper-timers", "poolkeeper-retire"}
+    settle()
+    wait_for(lambda: not any(t.name in ours for t in threading.enumerate()), 5)
 
 
 def wait_for(predicate, timeout: float = 5.0) -> bool:

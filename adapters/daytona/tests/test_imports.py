@@ -74,3 +74,30 @@ class TestImportCost:
         after = _modules_after(code)
 
         assert "daytona._sync.daytona" in after
+
+
+class TestNoThreadAtImport:
+    """A process that never builds a client runs none of ours."""
+
+    def test_importing_and_decorating_start_no_thread(self):
+        """The key files are watched from the first build, not the import.
+
+        A CPU-only job, a test run's collection or a worker about to fork
+        imports the adapter and decorates its own factory: no thread.
+        """
+        code = (
+            "import threading\n"
+            "import poolkeeper_daytona\n"
+            "from poolkeeper_daytona import make_daytona_singleton\n"
+            "single = make_daytona_singleton(lambda: {'api_key': 'k'})\n"
+            "names = [t.name for t in threading.enumerate()]\n"
+            "assert names == ['MainThread'], names\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert 0 == done.returncode, done.stderr

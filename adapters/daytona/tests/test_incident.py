@@ -7,7 +7,7 @@ import time
 
 import daytona
 import pytest
-from daytona_test_helpers import fd_count, settle, wait_for
+from daytona_test_helpers import fd_count, quiet, settle, wait_for
 
 from poolkeeper_daytona import close_daytona, daytona_client
 from poolkeeper_daytona.testing import DaytonaEmulator
@@ -67,7 +67,7 @@ class TestIncident:
             config = daytona.DaytonaConfig(
                 api_key="naive", api_url=emu.api_url, target="us"
             )
-            settle()
+            quiet()
             start = (fd_count(), threading.active_count())
 
             naive: list[object] = []

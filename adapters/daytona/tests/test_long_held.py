@@ -10,6 +10,7 @@ client by its id.
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 
@@ -87,17 +88,29 @@ class TestEpisodeLease:
             )
             assert daytona_emulator.open_connections("episode-old")
 
-        # The episode ended: its client is closed now, not before.
-        assert 0 == daytona_client.statistics().pending_close
-        assert wait_for(
-            lambda: not daytona_emulator.open_connections("episode-old")
-        )
-
-        # A sandbox of the old client is reached through the new one.
-        again = daytona_client().get(before[0].id)
-        assert before[0].id == again.id
+        # The episode ended, but its sandboxes still hold its client open
+        # (poolkeeper.made_from): they keep working on it.
+        stats = daytona_client.statistics()
+        assert (stats.pending_close, stats.held_open) == (1, 1)
+        assert stats.dependents >= 2 * _WORKERS
+        before[0].refresh_data()
+        # A sandbox of the old client is also reached through the new one.
+        sandbox_id = before[0].id
+        again = daytona_client().get(sandbox_id)
+        assert sandbox_id == again.id
         assert daytona_emulator.requests(
             "episode-new", method="GET", path=f"/api/sandbox/{again.id}"
+        )
+        # Once they are gone, the old client closes.
+        before.clear()
+        after.clear()
+        del again
+        gc.collect()
+        assert wait_for(
+            lambda: daytona_client.statistics().pending_close == 0, 10
+        )
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("episode-old")
         )
 
     def test_each_episode_gets_the_client_live_at_its_start(
