@@ -12,20 +12,25 @@ _BUDGET = 10
 _HEAVY = ("daytona", "socketio", "engineio", "aiohttp", "requests", "dotenv")
 
 
-def _modules_after(code: str) -> set[str]:
-    """Return sys.modules after running *code* in a fresh interpreter."""
-    script = (
-        f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
-    )
+def _run(code: str) -> str:
+    """Run *code* in a fresh interpreter; it must succeed. Its stdout."""
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert 0 == done.returncode, done.stderr
-    return set(json.loads(done.stdout.splitlines()[-1]))
+    return done.stdout
+
+
+def _modules_after(code: str) -> set[str]:
+    """Return sys.modules after running *code* in a fresh interpreter."""
+    script = (
+        f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    return set(json.loads(_run(script).splitlines()[-1]))
 
 
 class TestImportCost:
@@ -93,11 +98,4 @@ class TestNoThreadAtImport:
             "names = [t.name for t in threading.enumerate()]\n"
             "assert names == ['MainThread'], names\n"
         )
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert 0 == done.returncode, done.stderr
+        _run(code)
