@@ -529,3 +529,15 @@ class TestStatistics:
         assert 0 == single.statistics().live
         single()
         assert 1 == single.statistics().live
+
+    def test_metrics_count_each_threads_client(self):
+        """The live-client gauge's census counts one client per thread."""
+        from poolkeeper import _registry
+
+        name = "pk-thread-census"
+        single = process_singleton(scope="thread", name=name)(Made())
+        single()
+        workers = Parked(3, single)
+        assert 4 == {r[0]: r for r in _registry.census()}[name][1]
+        workers.finish()
+        assert 1 == {r[0]: r for r in _registry.census()}[name][1]
