@@ -192,6 +192,9 @@ class Scope:
         self.pid = os.getpid()
         # In a forked child: the parent's threads' inner singletons.
         self.stale: list[ProcessSingleton[Any]] = []
+        # The ident of a thread closing its clients at its end, if any
+        # (another thread's end may overwrite it: a swap more, no harm).
+        self.ending: int | None = None
 
     def hit(self) -> object:
         """The class's ``__call__`` for the current hit local: a C call."""
@@ -228,7 +231,8 @@ class Scope:
         disarm that precedes its retirement there.
         """
         done = arm(client, record, pushed)
-        if client is None:
+        # A thread's end needs no swap: its hit local entry ends with it.
+        if client is None and self.ending != threading.get_ident():
             self.swap()
         return done
 
@@ -354,18 +358,21 @@ class Scope:
         life = inner._self_life
         if life.pid != os.getpid():
             return
+        self._forked()
         self.threads.pop(id(record), None)
         ident = threading.get_ident()
         active: dict[int, object] = getattr(threading, "_active", {})
         known = ident in active
         closer = cast("ThreadCloser", inner._self_closer)
         closer.alive = False
+        self.ending = ident
         try:
             # With what the timers left to this thread: owed, so closed
             # here (each close claims its record: none runs twice).
             _registry.close_one(life, closer)
             closer.drain()
         finally:
+            self.ending = None
             self._fold(inner.statistics())
             # threading.current_thread() (a log record, a close hook) on a
             # thread whose Thread object is gone makes a _DummyThread that

@@ -316,6 +316,41 @@ class TestReset:
         assert closed_on_own_thread([first])
 
 
+class TestChurn:
+    def test_never_closed_under_a_call(self, monkeypatch):
+        """Resets and key changes under busy threads close on owners only."""
+        name = "POOLKEEPER_TEST_THREAD_SCOPE_CHURN"
+        monkeypatch.setenv(name, "0")
+        made = Made()
+        single = process_singleton(scope="thread", key=keys.env(name))(made)
+        stop = threading.Event()
+
+        def work() -> int:
+            calls = 0
+            while not stop.is_set() or calls < 20:
+                single().use()
+                calls += 1
+            return calls
+
+        threads = [threading.Thread(target=work) for _ in range(16)]
+        for t in threads:
+            t.start()
+        pause = threading.Event()
+        for i in range(20):
+            pause.wait(0.005)
+            if i % 2:
+                single.reset()
+            else:
+                monkeypatch.setenv(name, str(i))
+        stop.set()
+        for t in threads:
+            t.join(WAIT)
+            assert not t.is_alive(), "worker thread hung"
+        workers = [c for c in made.built if c.thread != threading.get_ident()]
+        assert len(workers) > 16  # Each thread rotated at least once.
+        assert closed_on_own_thread(workers)
+
+
 class TestCloseAll:
     def test_close_all_closes_them_all(self):
         """close_all() closes every thread's client; each builds anew."""
