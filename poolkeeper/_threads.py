@@ -137,11 +137,12 @@ class _Thread:
     down, on that thread.
     """
 
-    __slots__ = ("inner", "scope", "seen")
+    __slots__ = ("inner", "scope", "seen", "thread")
 
     def __init__(self, scope: Scope, inner: ProcessSingleton[Any]) -> None:
         self.scope = scope
         self.inner = inner
+        self.thread = threading.current_thread()
         self.seen = 0  # The generation this thread's client was reset to.
 
     def __del__(self) -> None:
@@ -213,7 +214,7 @@ class Scope:
             self.overridden = client is not None
             target = self.hit() if client is None else armed(client, self.name)
             cls = None if self.cls is None else self.cls()
-            if cls is not None:
+            if cls is not None:  # pragma: no branch -- None: collected.
                 type.__setattr__(cls, "__call__", target)
         return True
 
@@ -242,7 +243,8 @@ class Scope:
         with self.lock:
             self.local = self.hit_local()
             cls = None if self.cls is None else self.cls()
-            if cls is not None and not self.overridden:
+            # None: the singleton was collected; no call can come.
+            if cls is not None and not self.overridden:  # pragma: no branch
                 type.__setattr__(cls, "__call__", self.hit())
 
     # -- the calling thread ---------------------------------------------------
@@ -361,8 +363,15 @@ class Scope:
         self._forked()
         self.threads.pop(id(record), None)
         ident = threading.get_ident()
+        # threading.current_thread() (a log record's thread name, a close
+        # hook) on a thread whose Thread object threading has already
+        # forgotten makes a _DummyThread, which stays behind (3.12 and
+        # later: in threading's table, or a clean-up object that fails at
+        # exit). The thread's own Thread object stands in during the close.
         active: dict[int, object] = getattr(threading, "_active", {})
-        known = ident in active
+        placed = ident not in active
+        if placed:
+            active[ident] = record.thread
         closer = cast("ThreadCloser", inner._self_closer)
         closer.alive = False
         self.ending = ident
@@ -374,10 +383,7 @@ class Scope:
         finally:
             self.ending = None
             self._fold(inner.statistics())
-            # threading.current_thread() (a log record, a close hook) on a
-            # thread whose Thread object is gone makes a _DummyThread that
-            # stays in threading's table on 3.12 and later: drop it.
-            if not known and type(active.get(ident)) is threading._DummyThread:
+            if placed and active.get(ident) is record.thread:
                 active.pop(ident, None)
 
     def _fold(self, stats: Statistics) -> None:

@@ -218,6 +218,26 @@ class TestThreadEnd:
         names = [t.name for t in threading.enumerate()]
         assert not [n for n in names if n.startswith("Dummy")]
 
+    def test_current_thread_in_a_close_hook(self):
+        """A close hook asking for its thread leaves no _DummyThread."""
+        names: list[str] = []
+
+        def close(client: Client) -> None:
+            names.append(threading.current_thread().name)
+            client.close()
+
+        single = process_singleton(scope="thread", close=close)(Made())
+        threads = [
+            threading.Thread(target=single, name=f"w{i}") for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        assert ["w0", "w1", "w2", "w3"] == sorted(names)
+        left = [t.name for t in threading.enumerate()]
+        assert not [n for n in left if n.startswith("Dummy")]
+
 
 class TestReset:
     def test_reset_closes_each_on_its_own_thread(self):
@@ -403,6 +423,21 @@ class TestFork:
             workers.finish()
         assert closed_on_own_thread([s[0] for s in workers.seen])
 
+    def test_an_override_across_a_fork(self):
+        """An override block open at a fork still serves obj in the child."""
+        single = process_singleton(scope="thread")(Made())
+        single()
+        stand_in = object()
+        with single.override(stand_in):
+
+            def child():
+                ended = run_threads(single, 2)
+                return single() is stand_in and all(
+                    c is stand_in for c in ended
+                )
+
+            assert 0 == fork_and_check(child)
+
 
 class TestRefused:
     def test_async_factory(self):
@@ -502,6 +537,40 @@ class TestPerThread:
         assert out[0] != threading.get_ident()
         assert single() is mine
         assert not mine.closed
+
+    def test_a_reset_under_every_build(self):
+        """A build reset every time gives up after a bounded number."""
+        made = Made()
+
+        def factory() -> Client:
+            # Another thread resets during each build of this thread's.
+            run_threads(single.reset, 1)
+            return made()
+
+        single = process_singleton(scope="thread")(factory)
+        with pytest.raises(poolkeeper.PoolkeeperError, match="retired"):
+            single()
+        assert closed_on_own_thread(made.built[:-1])
+
+    def test_inner_singleton_serves_the_override(self):
+        """A thread's own singleton, called in an override, serves obj."""
+        single = process_singleton(scope="thread")(Made())
+        mine = single()
+        inner = single._self_scope.here()
+        single.reset()  # Its next call takes the slow path.
+        stand_in = object()
+        with single.override(stand_in):
+            assert inner() is stand_in
+        assert single() is not mine
+
+    def test_a_thread_without_a_client(self):
+        """A thread with no client: current() is None, retire() False."""
+        single = process_singleton(scope="thread")(Made())
+        other = single()
+        assert [None, False] == run_threads(
+            lambda: [single.current(), single.retire(other)], 1
+        )[0]
+        assert not other.closed
 
     def test_lease_pins_the_callers(self):
         """lease() pins the calling thread's own client."""
