@@ -17,6 +17,8 @@ starts, so only the per-call cost of getting it back is measured:
    ``check`` together; none comes due while timed, so these measure what
    the options cost a call between deadlines (nothing, by design: their
    timers disarm the hit path instead of a clock read per call);
+7c. ``scope="thread"`` (issue 34), without a key and with ``keys.env``:
+   the calling thread's client, each thread's built once;
 8. ``poolkeeper_daytona.daytona_client()`` when the adapter is installed
    (built against a refused loopback URL; no request is made);
 9. for reference, an ``os.getpid()`` comparison on every call: what fork
@@ -98,6 +100,8 @@ POOLKEEPER_CALLABLE = "poolkeeper, callable key (polled)"
 POOLKEEPER_MAX_AGE = "poolkeeper, no key, max_age=3600"
 POOLKEEPER_CHECK = "poolkeeper, no key, check= every 3600 s"
 POOLKEEPER_HEALING = "poolkeeper, keys.env + retire_on + max_age + check"
+POOLKEEPER_THREAD = 'poolkeeper, scope="thread", no key'
+POOLKEEPER_THREAD_ENV = 'poolkeeper, scope="thread", keys.env'
 DAYTONA = "poolkeeper_daytona.daytona_client()"
 GETPID = "getpid() check every call (reference)"
 
@@ -248,6 +252,12 @@ def make_variants(directory: Path) -> dict[str, Callable[[], Client]]:
             check=_healthy,
             check_every=3600,
         )(_factory(POOLKEEPER_HEALING)),
+        POOLKEEPER_THREAD: process_singleton(scope="thread")(
+            _factory(POOLKEEPER_THREAD)
+        ),
+        POOLKEEPER_THREAD_ENV: process_singleton(
+            scope="thread", key=keys.env(*ENV_NAMES)
+        )(_factory(POOLKEEPER_THREAD_ENV)),
         GETPID: getpid_checked,
     }
     daytona = _daytona()
@@ -272,6 +282,9 @@ def hit_path_kind(fn: object) -> str:
     """Say how a poolkeeper singleton's hit path is armed, if it is."""
     call = type(fn).__dict__.get("__call__")
     if isinstance(call, staticmethod):
+        if isinstance(call.__func__, functools.partial):
+            # scope="thread": the calling thread's client, from a local.
+            return "armed (attrgetter on a threading.local)"
         return "armed (a seeded lru_cache)"
     if getattr(call, "__name__", "") == "polled":
         return "armed (polled: one Python frame plus the key)"
@@ -466,6 +479,9 @@ TARGETS = (
     (POOLKEEPER_MAX_AGE, POOLKEEPER, 1.1),
     (POOLKEEPER_CHECK, POOLKEEPER, 1.1),
     (POOLKEEPER_HEALING, POOLKEEPER_ENV, 1.1),
+    # Issue 34: a thread's own client, one C call away.
+    (POOLKEEPER_THREAD, FUNCTOOLS, 2.5),
+    (POOLKEEPER_THREAD_ENV, FUNCTOOLS, 2.5),
 )
 
 

@@ -32,7 +32,7 @@ from typing import (
     overload,
 )
 
-from poolkeeper import _loops, _registry, keys
+from poolkeeper import _loops, _registry, _threads, keys
 from poolkeeper._async import AsyncProcessSingleton
 from poolkeeper._builds import CHECK_EVERY, matcher
 from poolkeeper._close import Closer
@@ -59,6 +59,7 @@ _OPTIONS = (
     "min_rebuild_interval",
     "name",
     "retire_on",
+    "scope",
 )
 
 KeyOption: TypeAlias = Union[  # noqa: UP007 -- evaluated on Python 3.10.
@@ -135,6 +136,7 @@ def process_singleton(
     max_age: float | None = None,
     check: Callable[[Any], object] | None = None,
     check_every: float | None = None,
+    scope: Literal["process", "thread"] = "process",
 ) -> _Decorator: ...
 
 
@@ -153,6 +155,7 @@ def process_singleton(
     max_age: float | None = None,
     check: Callable[[Any], object] | None = None,
     check_every: float | None = None,
+    scope: Literal["process", "thread"] = "process",
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -171,6 +174,7 @@ def process_singleton(
     max_age: float | None = None,
     check: Callable[[Any], object] | None = None,
     check_every: float | None = None,
+    scope: Literal["process", "thread"] = "process",
 ) -> _HookedDecorator[C_contra]: ...
 
 
@@ -188,6 +192,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
     max_age: float | None = None,
     check: Callable[[Any], object] | None = None,
     check_every: float | None = None,
+    scope: Literal["process", "thread"] = "process",
     **unknown: object,
 ) -> (
     ProcessSingleton[Any]
@@ -260,6 +265,27 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         check_every: Seconds between probes of a client (a positive
             number); default 30 when *check* is given. An error without
             *check*.
+        scope: ``"process"`` (default): one client for the process,
+            shared by its threads. ``"thread"``: one client per thread,
+            for clients with per-client state or a "one per thread" rule
+            (a cookie or auth session, a redis ``Pipeline`` or ``PubSub``,
+            a boto3 ``Session`` or resource). A call returns the calling
+            thread's client, built once for that thread (a new thread
+            given a dead thread's ident gets a new one); keys, ``retire()``,
+            *retire_on*, *check*, *max_age*, ``lease()`` and ``proxy()``
+            work per thread. ``reset()`` retires every thread's client, and
+            each retired client is closed on its own thread, at that
+            thread's next call or its end (never under one of its calls);
+            a thread's end closes its client there, and ``close_all()``
+            closes them all. ``override()`` is process-wide. A forked child
+            closes none of its parent's clients and builds its own.
+            ``statistics()`` sums the counters over threads (``live``: the
+            threads' live clients); its live fields (``generation``,
+            ``key_fingerprint``, ``backoff``, ``deferred``) are the calling
+            thread's. Not with an ``async def`` factory (async singletons
+            already keep one client per event loop), nor with
+            *min_rebuild_interval*. Shared thread-safe clients stay
+            ``"process"``, with pools sized for the threads.
         **unknown: Rejected with a clear error; every option is named.
 
     Type checkers check both hooks against the factory's client type: a
@@ -276,9 +302,13 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             if an option is unknown, a hook is not callable, *check*
             is an async function, *retire_on* is neither exception types
             nor a predicate, or *name* is not a string.
+        TypeError: If *scope* is ``"thread"`` for an ``async def``
+            factory.
         ValueError: If *fork*, *min_rebuild_interval*, *max_age* or
             *check_every* is out of range, *check_every* is given without
-            *check*, or *name* is empty.
+            *check*, *name* is empty, *scope* is neither ``"process"`` nor
+            ``"thread"``, or *min_rebuild_interval* is given with
+            ``scope="thread"``.
 
     .. versionadded:: 0.1
     """
@@ -299,11 +329,18 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
         factory: Callable[[], Any],
     ) -> ProcessSingleton[Any] | AsyncProcessSingleton[Any]:
         # A class of its own for each: its __call__ is the armed hit path.
-        made = make_async if validate_factory(factory) else make
+        is_async = validate_factory(factory)
+        made: Callable[
+            [Any, Options], ProcessSingleton[Any] | AsyncProcessSingleton[Any]
+        ] = make_async if is_async else make
+        if validate_scope(
+            _name(factory), scope, is_async, min_rebuild_interval
+        ):
+            made = make_thread
         validate_retire_on(_name(factory), retire_on)
         validate_name(_name(factory), name)
         every = validate_healing(
-            _name(factory), max_age, check, check_every, made is make_async
+            _name(factory), max_age, check, check_every, is_async
         )
         options = Options(
             name=name or _name(factory),
@@ -355,6 +392,40 @@ def validate_options(
             f"of seconds >= 0, got {interval!r}."
         )
         raise ValueError(msg)
+
+
+def validate_scope(
+    name: str,
+    scope: object,
+    is_async: bool,  # noqa: FBT001 -- the factory's kind.
+    interval: object,
+) -> bool:
+    """Validate *scope*; return whether it is ``"thread"``."""
+    if scope not in ("process", "thread"):
+        msg = (
+            f"process_singleton(scope=...) for {name} must be 'process' (one "
+            f"client for the process, the default) or 'thread' (one client "
+            f"per thread), got {scope!r}."
+        )
+        raise ValueError(msg)
+    if scope == "process":
+        return False
+    if is_async:
+        msg = (
+            f"process_singleton(scope='thread') for {name}: {name} is an "
+            "async def factory, and async singletons already keep one "
+            "client per event loop; leave scope out."
+        )
+        raise TypeError(msg)
+    if interval:
+        msg = (
+            f"process_singleton(min_rebuild_interval=...) for {name} cannot "
+            "go with scope='thread': a thread singleton's reset() is carried "
+            "out on each thread at its next call, never deferred; leave "
+            "min_rebuild_interval out."
+        )
+        raise ValueError(msg)
+    return True
 
 
 def validate_name(factory: str, name: object) -> None:
@@ -595,10 +666,22 @@ class Options:
     check_every: float | None
 
 
-def make(factory: Callable[[], T], options: Options) -> ProcessSingleton[T]:
-    """Return a new thread singleton for *factory*."""
+def make(
+    factory: Callable[[], T],
+    options: Options,
+    slow: Callable[..., Any] = _slow_call,
+    closing: type[Closer] = Closer,
+) -> ProcessSingleton[T]:
+    """Return a new process singleton for *factory*.
+
+    *slow* is its class's call while its hit path is disarmed, *closing*
+    its closer's class (a thread singleton's, and each of its threads',
+    have their own: see _threads).
+    """
     single: ProcessSingleton[T] = _own(ProcessSingleton, factory)
     own = type(single)
+    if slow is not _slow_call:
+        type.__setattr__(own, "__call__", slow)
     # Where the polled hit path finds the key (see _sync.arm).
     type.__setattr__(own, "_poolkeeper_key", options.key)
     # The lifecycle outlives a dropped singleton (the registry holds it),
@@ -608,8 +691,9 @@ def make(factory: Callable[[], T], options: Options) -> ProcessSingleton[T]:
     life, closer = _wire(
         single,
         options,
-        functools.partial(arm, cls, options.name, _slow_call),
+        functools.partial(arm, cls, options.name, slow),
         is_async=False,
+        closing=closing,
     )
     slot = single._self_slot = life.open_slot(None, None)[0]
     # Making a lease runs no Python code: lease() is replaced by this
@@ -622,6 +706,31 @@ def make(factory: Callable[[], T], options: Options) -> ProcessSingleton[T]:
         options,
         _registry.Entry(life, closer, options.after_fork, keep=options.keep),
     )
+    return single
+
+
+def make_thread(
+    factory: Callable[[], T], options: Options
+) -> ProcessSingleton[T]:
+    """Return a new thread singleton (``scope="thread"``) for *factory*.
+
+    Its own lifecycle never builds: it keeps the overrides (its class's
+    call is armed with the stand-in) and its registry entry. Each thread
+    gets an inner singleton made from the same factory and options, with
+    the slow path and the closer of _threads.
+    """
+    scope = _threads.Scope(
+        options.name, functools.partial(make, factory, options)
+    )
+    hit = cast("Callable[..., Any]", scope.hit())
+    single = make(factory, dataclasses.replace(options, key=None), hit)
+    own = type(single)
+    scope.life = life = single._self_life
+    scope.cls = weakref.ref(own)
+    life.arm = scope.arm
+    single._self_scope = scope
+    for method, function in _threads.METHODS.items():
+        type.__setattr__(own, method, function)
     return single
 
 
@@ -664,6 +773,7 @@ def _wire(
     arm: Callable[..., bool],
     *,
     is_async: bool,
+    closing: type[Closer] = Closer,
 ) -> tuple[Lifecycle[T], Closer]:
     """Make *single*'s lifecycle and closer; keep its options on it."""
     life: Lifecycle[T] = Lifecycle(
@@ -673,7 +783,7 @@ def _wire(
         arm=arm,
     )
     life.max_age, life.check_every = options.max_age, options.check_every
-    closer = Closer(life, options.close, is_async=is_async)
+    closer = closing(life, options.close, is_async=is_async)
     # wrapt keeps attributes named _self_* on the proxy itself.
     single._self_name = options.name
     single._self_key = options.key

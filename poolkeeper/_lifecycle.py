@@ -446,6 +446,7 @@ class Lifecycle(Generic[T]):
             deferred=deferred,
             probes=self.probes,
             probe_failures=self.probe_failures,
+            live=sum(s.live is not None for s in self.slots.values()),
         )
 
     # -- requests and builds -------------------------------------------------

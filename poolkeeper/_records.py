@@ -461,6 +461,9 @@ class Statistics:
             live and retired clients; not counted in *leases*.
         held_open: Retired clients kept open by such objects (counted in
             *pending_close* too).
+        live: Live clients right now: 0 or 1 for a thread singleton, one
+            per event loop for an async singleton, one per thread with
+            ``scope="thread"``.
 
     .. versionadded:: 0.1
     """
@@ -483,3 +486,4 @@ class Statistics:
     probe_failures: int = 0
     dependents: int = 0
     held_open: int = 0
+    live: int = 0

@@ -235,6 +235,14 @@ def _close(entries: list[Entry]) -> None:
     )
 
 
+def close_one(life: Lifecycle[Any], closer: Closer) -> None:
+    """Retire and close one singleton's clients here, as close_all() does.
+
+    For a thread singleton's thread at its end (see _threads).
+    """
+    _close([Entry(life, closer, None, keep=False)])
+
+
 def close_all() -> None:
     """Retire and close the live client of every singleton.
 

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
     from poolkeeper._lifecycle import Record, Slot, Ticket
     from poolkeeper._records import Statistics, Verdict
+    from poolkeeper._threads import Scope
 
     # wrapt ships no type information: type checkers see this plain class
     # and the generic signature below, the runtime gets wrapt's C proxy.
@@ -177,6 +178,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_closer: Closer
     _self_retire_on: Callable[[BaseException], bool] | None
     _self_check: Callable[[Any], object] | None
+    # A thread singleton's threads (scope="thread"; see _threads); None
+    # for a process singleton.
+    _self_scope: Scope | None = None
 
     # The hit path. Each singleton has its own subclass (see _decorator), and
     # while a client is live and its key cannot have changed, that class's

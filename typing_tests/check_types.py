@@ -38,8 +38,16 @@ def called() -> Client:
     return Client()
 
 
+@process_singleton(scope="thread", close=Client.close)
+def per_thread() -> Client:
+    """One client per thread."""
+    return Client()
+
+
 assert_type(bare, ProcessSingleton[Client])
 assert_type(called, ProcessSingleton[Client])
+assert_type(per_thread, ProcessSingleton[Client])
+assert_type(per_thread.statistics().live, int)
 assert_type(bare(), Client)
 assert_type(called(), Client)
 assert_type(bare.current(), Client | None)
