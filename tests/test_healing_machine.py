@@ -524,7 +524,12 @@ class Healing(RuleBasedStateMachine):
         assert thread is not None
         loop.call_soon_threadsafe(loop.stop)
         thread.join(WAIT)
+        # Said plainly (CI once failed in loop.close() below: "Cannot close
+        # a running event loop", not reproduced since).
+        assert not thread.is_alive(), "the loop's thread did not stop"
+        assert not loop.is_running(), "the loop still runs"
         loop.run_until_complete(loop.shutdown_asyncgens())
+        assert not loop.is_running(), "the loop runs after its shutdown"
         loop.close()
         # This example's timers find nothing to do now; let them end.
         life = self.single._self_life
