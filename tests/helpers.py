@@ -126,6 +126,45 @@ def wait_until(predicate, timeout: float = WAIT) -> bool:
     return bool(predicate())
 
 
+def _fresh_streams() -> None:
+    """In a forked child: logging's file streams, and stdio, made anew.
+
+    A buffered file's lock is not reset at a fork (CPython resets
+    logging's handler locks, not the io buffers under them): a parent
+    thread writing to one at the fork leaves it held for ever, and the
+    child's first log record hangs in its flush (CI saw it: pytest's
+    log-file handler, on /dev/null, under a timer thread's WARNING). Each
+    gets a new buffer on the same file descriptor.
+    """
+    import io
+    import logging
+
+    def fresh(stream):
+        if not isinstance(stream, io.TextIOWrapper):
+            return stream
+        try:
+            return open(
+                stream.fileno(),
+                "w",
+                buffering=1,  # Flushed by line: the child ends in _exit.
+                encoding=stream.encoding,
+                errors=stream.errors,
+                closefd=False,
+            )
+        except (OSError, ValueError):
+            return stream
+
+    loggers = [
+        logging.getLogger(),
+        *logging.Logger.manager.loggerDict.values(),
+    ]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler):
+                handler.stream = fresh(handler.stream)
+    sys.stdout, sys.stderr = fresh(sys.stdout), fresh(sys.stderr)
+
+
 def fork_and_check(child) -> int:
     """Run *child* in a real forked process; return its exit code.
 
@@ -139,6 +178,7 @@ def fork_and_check(child) -> int:
     if pid == 0:  # pragma: no cover -- runs in the child.
         code = 2
         try:
+            _fresh_streams()
             code = 0 if child() else 1
         except BaseException:
             import traceback
