@@ -18,6 +18,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 from daytona_test_helpers import wait_for
+from poolkeeper import _filekeys
 from poolkeeper_daytona import daytona_client
 from poolkeeper_daytona._client import _ENV_VARS
 
@@ -60,6 +61,9 @@ def _demo(tmp_path_factory):
         for name in _ENV_VARS:
             mp.delenv(name, raising=False)
         mp.chdir(out_dir)
+        # The file-key thread watches daytona_client's key files from its
+        # first build on, for the process's life: counted as before.
+        _filekeys.ensure()
         threads_before = threading.active_count()
         with (
             contextlib.redirect_stdout(stdout),
