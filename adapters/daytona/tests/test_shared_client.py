@@ -1,10 +1,10 @@
 """128 threads on one ``daytona_client()``: shared, pooled, threads bounded.
 
-The issue's job ran 128 threads on one client. Here they create and
-delete sandboxes on the emulator through one ``daytona_client()``: no
-error, one build, no "pool is full" warning from urllib3, and no more
-connections than the threads can hold at once. The emulator has no
-toolbox, so no command is executed.
+The incident's job ran 128 threads on one client. Here they create
+sandboxes on the emulator through one ``daytona_client()``, run a command
+in each (``process.exec``, served by the emulator's toolbox routes), keep
+it alive and delete it: no error, one build, no "pool is full" warning
+from urllib3, and no more connections than the threads can hold at once.
 
 Under faults (503s and cut responses, as in the issue), the threads the
 client's event dispatcher starts stay bounded (see
@@ -20,7 +20,7 @@ import threading
 import daytona
 import engineio.packet
 import pytest
-from daytona_test_helpers import wait_for
+from daytona_test_helpers import use_sandbox, wait_for
 
 from poolkeeper_daytona import close_daytona, daytona_client
 from poolkeeper_daytona.testing import DaytonaEmulator
@@ -74,30 +74,41 @@ def _run(work, threads=THREADS):
 
 
 def _rounds():
+    word = threading.current_thread().name
     for _ in range(ROUNDS):
         client = daytona_client()
-        client.delete(client.create())
+        sandbox = client.create()
+        use_sandbox(sandbox, word)
+        client.delete(sandbox)
 
 
 class TestSharedByThreads:
     def test_128_threads_share_one_client_within_its_pool(
         self, sdk_env, daytona_emulator, pool_warnings
     ):
-        """Creates and deletes from 128 threads: no error, no churn."""
+        """Creates, execs and deletes from 128 threads: no error, no churn."""
         sdk_env.setenv("DAYTONA_API_KEY", KEY)
         builds = daytona_client.statistics().builds
         assert [] == _run(_rounds)
         assert builds + 1 == daytona_client.statistics().builds
         assert [] == pool_warnings
-        assert THREADS * ROUNDS == len(
-            daytona_emulator.requests(method="POST")
-        )
-        # At most one pooled connection per thread (the SDK's pool keeps
-        # 250), plus the websocket of each Socket.IO session.
+        # Every create, command, keep-alive and delete went through.
+        calls = [
+            (r.method, r.path.rpartition("/")[2], r.status)
+            for r in daytona_emulator.requests(KEY)
+        ]
+        done = THREADS * ROUNDS
+        assert done == calls.count(("POST", "sandbox", 200))
+        assert done == calls.count(("POST", "execute", 200))
+        assert done == calls.count(("POST", "last-activity", 201))
+        assert done == sum(m == "DELETE" and ok == 200 for m, _, ok in calls)
+        # At most one pooled connection per thread in each of the client's
+        # two pools (the API's and the toolbox's; the SDK keeps 250 each),
+        # plus the websocket of each Socket.IO session.
         sessions = len(daytona_emulator.socketio_sessions(KEY))
         assert 1 == sessions
         opened = daytona_emulator.total_connections(KEY)
-        assert opened <= THREADS + sessions
+        assert opened <= 2 * THREADS + sessions
 
 
 def _message_threads(sio) -> list[threading.Thread]:
