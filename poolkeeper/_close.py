@@ -70,6 +70,14 @@ class Closer:
         self.hook = hook
         self.is_async = is_async
 
+    def keeps_across_fork(self) -> bool:
+        """Whether a ``fork="keep"`` child keeps these clients (if forked now).
+
+        A process singleton's clients are every thread's, so yes; a thread
+        singleton's are its thread's only (see ``_threads.ThreadCloser``).
+        """
+        return True
+
     # -- the hook -----------------------------------------------------------
 
     def _start(self, record: Record[Any]) -> tuple[bool, object]:

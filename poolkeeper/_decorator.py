@@ -278,7 +278,9 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             thread's next call or its end (never under one of its calls);
             a thread's end closes its client there, and ``close_all()``
             closes them all. ``override()`` is process-wide. A forked child
-            closes none of its parent's clients and builds its own.
+            closes none of its parent's clients and builds its own; with
+            ``fork="keep"``, its thread keeps the forking thread's client
+            (with its timers), and the other threads' are abandoned there.
             ``statistics()`` sums the counters over threads (``live``: the
             threads' live clients); its live fields (``generation``,
             ``key_fingerprint``, ``backoff``, ``deferred``) are the calling

@@ -331,7 +331,8 @@ def _after_fork_in_child() -> None:
     _builds.forget()
     for entry in list(_entries):
         try:
-            inherited = entry.life.forget_parent(keep=entry.keep)
+            keep = entry.keep and entry.closer.keeps_across_fork()
+            inherited = entry.life.forget_parent(keep=keep)
         except BaseException:  # noqa: BLE001, S112 -- never abort the others.
             continue
         for record in inherited:
@@ -400,7 +401,7 @@ def kept_clients() -> list[object]:
     return [
         record.client
         for entry in list(_entries)
-        if entry.keep
+        if entry.keep and entry.closer.keeps_across_fork()
         for record in entry.life.holders()
     ]
 

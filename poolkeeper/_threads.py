@@ -123,6 +123,15 @@ class ThreadCloser(Closer):
             return
         super().close(record)
 
+    def keeps_across_fork(self) -> bool:
+        """Only the forking thread's clients are kept by a forked child.
+
+        The child has no other thread: their clients are abandoned there,
+        never closed, even with ``fork="keep"`` (their sockets are still
+        the parent's threads').
+        """
+        return threading.get_ident() == self.owner
+
     def drain(self) -> None:
         """Close, here, what the timers left to this thread."""
         while self.pending:

@@ -439,6 +439,114 @@ class TestFork:
             assert 0 == fork_and_check(child)
 
 
+class TestForkKeep:
+    """fork="keep": the child keeps the forking thread's client only."""
+
+    def test_the_child_keeps_the_forking_threads_client_only(self):
+        """The others' clients are abandoned: never served, never closed."""
+        made = Made()
+        single = process_singleton(scope="thread", fork="keep")(made)
+        mine = single()
+        workers = Parked(4, single)
+        others = [seen[0] for seen in workers.seen]
+
+        def child():
+            kept = single()
+            ended: list[Client] = []
+            t = threading.Thread(target=lambda: ended.append(single()))
+            t.start()
+            t.join(WAIT)
+            live_before = single.statistics().live
+            poolkeeper.close_all()
+            gc.collect()
+            return (
+                kept is mine
+                and ended[0] not in (mine, *others)
+                and ended[0].pid == os.getpid()
+                # The thread's end closed its own client, on that thread.
+                and ended[0].closes == [(os.getpid(), ended[0].thread)]
+                and live_before == 1
+                # close_all() closes the kept client: it is the child's now.
+                and mine.closes == [(os.getpid(), mine.thread)]
+                and not any(c.closed for c in others)
+            )
+
+        try:
+            assert 0 == fork_and_check(child)
+            assert not mine.closed
+            assert not any(c.closed for c in others)
+        finally:
+            workers.finish()
+        assert closed_on_own_thread(others)
+        assert mine is single()
+
+    def test_the_kept_client_ages_out_in_the_child(self):
+        """A kept client's max_age timer goes on in the child's thread."""
+        made = Made()
+        single = process_singleton(scope="thread", fork="keep", max_age=0.5)(
+            made
+        )
+        mine = single()
+        workers = Parked(2, single)
+        others = [seen[0] for seen in workers.seen]
+
+        def child():
+            if single() is not mine:
+                return False
+            # Aged out by the timer, closed at this thread's next call.
+            assert wait_until(lambda: single() is not mine)
+            return mine.closes == [(os.getpid(), mine.thread)] and not any(
+                c.closed for c in others
+            )
+
+        try:
+            assert 0 == fork_and_check(child)
+            assert not any(c.closed for c in others)
+        finally:
+            workers.finish()
+
+
+class TestMadeFrom:
+    def test_an_object_keeps_its_threads_retired_client_open(self):
+        """Retired while an object made from it lives: closed after, there."""
+        made = Made()
+        single = process_singleton(scope="thread")(made)
+        held: list[object] = []
+        first: list[Client] = []
+        go = threading.Event()
+        dropped = threading.Event()
+        results: list[bool] = []
+
+        def worker():
+            client = single()
+            first.append(client)
+            held.append(poolkeeper.made_from(Made(), client))
+            assert go.wait(WAIT)
+            # Retired by the reset: this call builds a new client, and the
+            # object keeps the old one open.
+            results.append(single() is not client and not client.closed)
+            held.clear()
+            dropped.set()
+            # Closed on this thread, at a call once the object is gone.
+            results.append(
+                wait_until(lambda: single() is not None and client.closed)
+            )
+
+        t = threading.Thread(target=worker)
+        t.start()
+        try:
+            assert wait_until(lambda: bool(held))
+            single.reset()
+            go.set()
+            assert dropped.wait(WAIT)
+        finally:
+            go.set()
+            t.join(WAIT)
+        assert not t.is_alive()
+        assert [True, True] == results
+        assert closed_on_own_thread(first)
+
+
 class TestRefused:
     def test_async_factory(self):
         """An async factory with scope="thread" is refused, saying why."""
