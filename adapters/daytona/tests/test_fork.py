@@ -166,6 +166,67 @@ class TestForkDuringALazyImport:
             importer.join(_CHILD_TIMEOUT)
             sys.modules.pop(name, None)
 
+    def test_the_child_imports_what_a_parent_thread_was_searching_for(
+        self, monkeypatch
+    ):
+        """A fork while the module is still being searched for, not yet run.
+
+        It is not in ``sys.modules``, so the hook does not wait; CPython does:
+        a finder searches under the import lock, which ``os.fork()`` takes,
+        and the module's own lock, held by a thread that is gone in the
+        child, is freed there with that thread's frames (3.10 to 3.14).
+        """
+        import importlib.machinery
+        import sys
+        import threading
+        import types
+
+        from poolkeeper_daytona import _client
+
+        name = "pk_slowly_found"
+        entered, release = threading.Event(), threading.Event()
+
+        class SlowFinder:
+            """Finds *name* only once released, as a slow filesystem."""
+
+            @staticmethod
+            def find_spec(fullname, path=None, target=None):
+                if fullname != name:
+                    return None
+                entered.set()
+                assert release.wait(_CHILD_TIMEOUT)
+                return importlib.machinery.ModuleSpec(fullname, Loader())
+
+        class Loader:
+            def create_module(self, spec):
+                return None
+
+            def exec_module(self, module):
+                module.VALUE = 1
+
+        monkeypatch.setattr(sys, "meta_path", [SlowFinder, *sys.meta_path])
+        monkeypatch.setattr(_client, "_LAZY_IMPORTS", (name,))
+        importer = threading.Thread(target=__import__, args=(name,))
+        importer.start()
+        try:
+            assert entered.wait(_CHILD_TIMEOUT)
+            assert name not in sys.modules
+            # The fork waits for the search, which ends once released.
+            threading.Timer(0.3, release.set).start()
+
+            def child() -> int:
+                module = __import__(name)
+                return 0 if module.VALUE == 1 else 3
+
+            assert 0 == _run_in_child(child)
+            release.set()
+            importer.join(_CHILD_TIMEOUT)
+            assert isinstance(sys.modules[name], types.ModuleType)
+        finally:
+            release.set()
+            importer.join(_CHILD_TIMEOUT)
+            sys.modules.pop(name, None)
+
     def test_an_absent_module_is_left_absent(self, monkeypatch, tmp_path):
         """python-dotenv blocked beside a stand-in SDK: a fork still works.
 
