@@ -19,7 +19,8 @@ Closing a client from wherever the caller runs is ``close_all()``'s path
 where the caller is; an async client on its own loop, awaited there if the
 caller runs on it, handed to it if it runs on another thread, run to
 completion on it if it is idle (on a helper thread when the caller is inside
-another running loop). A close that does not finish within
+another running loop); one whose loop ends, or is closed, before it could
+run there is reported unclosed. A close that does not finish within
 ``CROSS_LOOP_CLOSE_SECONDS`` is given up and reported; a ``BaseException``
 the close raised on another thread is brought back and raised in the
 caller (see ``_carry``).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import logging
@@ -357,7 +359,7 @@ def _close_anywhere(closer: Closer, record: Record[Any]) -> None:
         task.add_done_callback(_scheduled.discard)
         return
     if loop.is_running():
-        future = asyncio.run_coroutine_threadsafe(_carry(closer, record), loop)
+        future = hand_over(closer, record, loop)
         try:
             error = future.result(CROSS_LOOP_CLOSE_SECONDS)
         except _TIMEOUTS:
@@ -389,9 +391,7 @@ def close_soon(closer: Closer, record: Record[Any]) -> None:
         if loop is _running_loop():
             _close_anywhere(closer, record)  # A task of this loop's.
         elif loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(
-                _carry(closer, record), loop
-            )
+            future = hand_over(closer, record, loop)
             future.add_done_callback(
                 functools.partial(_report, closer, record)
             )
@@ -467,7 +467,7 @@ async def _aclose_anywhere(closer: Closer, record: Record[Any]) -> None:
         await closer.aclose(record)
         return
     if loop.is_running():
-        future = asyncio.run_coroutine_threadsafe(_carry(closer, record), loop)
+        future = hand_over(closer, record, loop)
         waited: Any = asyncio.wrap_future(future)
     else:
         waited = asyncio.to_thread(_run_idle, closer, record, loop)
@@ -527,7 +527,112 @@ async def _carry(closer: Closer, record: Record[Any]) -> BaseException | None:
 def _run_idle(
     closer: Closer, record: Record[Any], loop: asyncio.AbstractEventLoop
 ) -> BaseException | None:
-    return loop.run_until_complete(_carry(closer, record))
+    carried = _carry(closer, record)
+    try:
+        return loop.run_until_complete(carried)
+    except BaseException:
+        if inspect.getcoroutinestate(carried) != inspect.CORO_CREATED:
+            raise
+        # The loop could not run it: closed, or started by its own thread,
+        # since it was seen idle. Nothing ran, and nothing will.
+        carried.close()
+        if not loop.is_closed():
+            raise
+    closer.unclosed(record, "its event loop is closed", _LOOP_HINT)
+    return None
+
+
+class _HandOver:
+    """A close handed to a loop that runs on another thread.
+
+    The close's coroutine is made on that loop, when it runs the hand-over
+    (``start``): a loop that ends before that never had one, so no
+    coroutine is left un-awaited, and the client is reported unclosed
+    (``dropped``, also when the hand-over is collected unrun). What the
+    close brings back (see ``_carry``) is the future's result; cancelling
+    the future cancels the close, as ``asyncio.run_coroutine_threadsafe``
+    does. Nothing here refers back to the hand-over but the loop's queue.
+    """
+
+    __slots__ = ("closer", "future", "record", "task")
+
+    def __init__(
+        self,
+        closer: Closer,
+        record: Record[Any],
+        future: concurrent.futures.Future[BaseException | None],
+        task: list[asyncio.Task[BaseException | None]],
+    ) -> None:
+        self.closer = closer
+        self.record: Record[Any] | None = record
+        self.future = future
+        self.task = task  # Shared with the future's cancel callback.
+
+    def start(self) -> None:
+        """On the loop: make the close's task (unless the caller gave up)."""
+        record, self.record = self.record, None
+        if record is None or self.future.cancelled():
+            return
+        task = asyncio.get_running_loop().create_task(
+            _carry(self.closer, record)
+        )
+        self.task.append(task)
+        task.add_done_callback(functools.partial(_settle, self.future))
+
+    def dropped(self) -> None:
+        """The loop ended, or refused the hand-over: the close never ran."""
+        record, self.record = self.record, None
+        if record is None:
+            return
+        try:
+            self.closer.unclosed(
+                record, "its event loop ended before the close ran", _LOOP_HINT
+            )
+        finally:
+            if self.future.set_running_or_notify_cancel():
+                self.future.set_result(None)
+
+    def __del__(self) -> None:
+        # Collected unrun: its loop was closed with the hand-over queued.
+        with contextlib.suppress(BaseException):
+            self.dropped()
+
+
+def _settle(
+    future: concurrent.futures.Future[BaseException | None],
+    task: asyncio.Task[BaseException | None],
+) -> None:
+    if task.cancelled():  # Before its first step: nothing ran.
+        future.cancel()
+    elif future.set_running_or_notify_cancel():
+        future.set_result(task.result())
+
+
+def _cancel_task(
+    loop: asyncio.AbstractEventLoop,
+    task: list[asyncio.Task[BaseException | None]],
+    future: concurrent.futures.Future[BaseException | None],
+) -> None:
+    if future.cancelled() and task:
+        with contextlib.suppress(RuntimeError):  # The loop is closed.
+            loop.call_soon_threadsafe(task[0].cancel)
+
+
+def hand_over(
+    closer: Closer, record: Record[Any], loop: asyncio.AbstractEventLoop
+) -> concurrent.futures.Future[BaseException | None]:
+    """Close *record* on *loop*, running on another thread; see _HandOver."""
+    future: concurrent.futures.Future[BaseException | None] = (
+        concurrent.futures.Future()
+    )
+    task: list[asyncio.Task[BaseException | None]] = []
+    future.add_done_callback(functools.partial(_cancel_task, loop, task))
+    handed = _HandOver(closer, record, future, task)
+    try:
+        loop.call_soon_threadsafe(handed.start)
+    except RuntimeError:  # Closed since it was seen running.
+        handed.dropped()
+    return future
 
 
 def _on_helper_thread(

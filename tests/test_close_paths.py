@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import warnings
 
 import pytest
 from helpers import WAIT, FakeClient, LoopThread
@@ -316,3 +318,93 @@ async def _settle() -> None:
     """Let the loop finish what a cancelled close left to do."""
     for _ in range(10):
         await asyncio.sleep(0)
+
+
+class TestLoopEndsWithTheCloseQueued:
+    """The client's loop ends after a close was handed to it, before it ran.
+
+    The close never runs: the client is reported unclosed and counted once,
+    shutdown does not wait for it, and no coroutine is left un-awaited (the
+    close's coroutine is made on the loop, when it takes the hand-over).
+    """
+
+    @pytest.mark.parametrize("shutdown", [close_all, _aclose_all_now])
+    def test_reported_and_nothing_left_unawaited(self, shutdown):
+        single, _ = async_single()
+        other = LoopThread()
+        client = other.run(single())
+        blocked, go, queued = (threading.Event() for _ in range(3))
+        hand = other.loop.call_soon_threadsafe
+
+        def block():
+            # Holds the loop until the close is queued, then stops it: the
+            # close, queued during this turn, is never run.
+            blocked.set()
+            assert go.wait(WAIT)
+            other.loop.stop()
+
+        def spy(callback, *args, **kwargs):
+            handle = hand(callback, *args, **kwargs)
+            queued.set()
+            return handle
+
+        hand(block)
+        assert blocked.wait(WAIT)
+        other.loop.call_soon_threadsafe = spy
+        shutter = threading.Thread(target=shutdown)
+        shutter.start()
+        try:
+            assert queued.wait(WAIT)
+        finally:
+            go.set()
+            other.thread.join(WAIT)
+        assert not other.thread.is_alive()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            # The queued hand-over is dropped with the loop's queue.
+            other.loop.close()
+            gc.collect()
+        shutter.join(WAIT)
+        assert not shutter.is_alive()
+        _reported_once(single, client, seen, "ended before the close ran")
+
+
+class ClosingLoop(asyncio.SelectorEventLoop):
+    """A loop closed by another thread just as a close is about to run it."""
+
+    closing = False
+
+    def run_until_complete(self, future):
+        if self.closing:
+            self.close()
+        return super().run_until_complete(future)
+
+
+class TestIdleLoopClosedMeanwhile:
+    def test_reported_and_nothing_left_unawaited(self):
+        """Seen idle, closed before it could run the close: reported."""
+        single, _ = async_single()
+        idle = ClosingLoop()
+        try:
+            client = idle.run_until_complete(single())
+            idle.closing = True
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                close_all()
+                gc.collect()
+        finally:
+            idle.close()
+        _reported_once(single, client, seen, "its event loop is closed")
+
+
+def _reported_once(single, client, seen, why: str) -> None:
+    """*client* was not closed, counted once, and reported saying *why*.
+
+    And no coroutine was left un-awaited (its warning would be in *seen*).
+    """
+    assert [] == client.closed_on
+    stats = single.statistics()
+    assert (0, 1) == (stats.closes, stats.close_failures)
+    messages = [str(w.message) for w in seen]
+    assert any(why in m for m in messages), messages
+    assert not any("never awaited" in m for m in messages), messages
