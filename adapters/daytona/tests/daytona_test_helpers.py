@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from poolkeeper_daytona.testing import DaytonaEmulator
@@ -102,3 +104,22 @@ def sandbox_calls(emulator, sandbox_id: str) -> list[tuple[str, str, int]]:
         for r in emulator.requests()
         if sandbox_id in r.path
     ]
+
+
+def wait_child(pid: int, timeout: float) -> int:
+    """Return the forked child's exit code; abort it if it outlives *timeout*.
+
+    A hung child gets SIGABRT first (faulthandler, which pytest enables and
+    the child inherits, prints its stacks), then SIGKILL; -6 is returned.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGABRT)
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -6

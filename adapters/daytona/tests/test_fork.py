@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from daytona import SandboxState
-from daytona_test_helpers import wait_for
+from daytona_test_helpers import wait_child, wait_for
 
 from poolkeeper_daytona import daytona_client
 from poolkeeper_daytona._close import _after_fork
@@ -29,19 +28,6 @@ def _socket_count() -> int:
     return count
 
 
-def _wait_child(pid: int) -> int:
-    """Return the child's exit code; kill it if it outlives the timeout."""
-    deadline = time.monotonic() + _CHILD_TIMEOUT
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return -1
-
-
 def _run_in_child(body) -> int:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - reported through the exit code.
@@ -52,7 +38,7 @@ def _run_in_child(body) -> int:
             code = 98
         finally:
             os._exit(code)
-    return _wait_child(pid)
+    return wait_child(pid, _CHILD_TIMEOUT)
 
 
 class TestForkedChild:
