@@ -7,12 +7,49 @@ the connection that carried it, as the server reported it.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import ClassVar
 
 import sdk_net
 
 from poolkeeper import keys, process_singleton
+
+
+class Made:
+    """A factory noting the thread that built and closed each client.
+
+    It wraps a recipe's factory; the client's own close() still runs.
+    """
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.lock = threading.Lock()
+        self.built = []  # (client, ident of the thread that built it)
+        self.closes = {}  # id(client) -> idents of the threads closing it
+
+    def __call__(self):
+        client = self.factory()
+        close = client.close
+
+        def recorded_close():
+            with self.lock:
+                self.closes.setdefault(id(client), []).append(
+                    threading.get_ident()
+                )
+            close()
+
+        client.close = recorded_close
+        with self.lock:
+            self.built.append((client, threading.get_ident()))
+        return client
+
+    def closed_on_own_thread(self):
+        """Whether each client was closed once, on the thread that built it."""
+        return all(
+            [ident] == self.closes.get(id(client))
+            for client, ident in self.built
+        )
 
 
 class Driver:
