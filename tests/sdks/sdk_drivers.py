@@ -57,6 +57,9 @@ class Driver:
 
     recipe = ""
     single = ""
+    # The threads page's table: what the recipe shares, its pool setting.
+    shared = ""
+    setting = ""
     server = "http_server"
     # Whether the client's sockets are Python objects a child inherits.
     python_sockets = True
@@ -123,6 +126,11 @@ class Driver:
 
 
 class Httpx(Driver):
+    shared = "`httpx.Client`"
+    setting = (
+        "`httpx.Limits(max_connections=THREADS, "
+        "max_keepalive_connections=THREADS)`"
+    )
     recipe = "sdk_httpx"
     single = "api"
     key_names = ("API_URL", "API_TOKEN")
@@ -146,6 +154,8 @@ class Httpx(Driver):
 
 
 class Requests(Httpx):
+    shared = "`requests.Session`"
+    setting = "`HTTPAdapter(pool_maxsize=THREADS)`"
     recipe = "sdk_requests"
     single = "session"
 
@@ -156,6 +166,8 @@ class Requests(Httpx):
 
 
 class Urllib3(Driver):
+    shared = "`urllib3.PoolManager`"
+    setting = "`PoolManager(maxsize=THREADS)`"
     recipe = "sdk_urllib3"
     single = "http"
     key_names = ("UPSTREAM_CA_BUNDLE",)
@@ -180,6 +192,8 @@ class Urllib3(Driver):
 class Urllib3Partial(Urllib3):
     """The functools.partial form: no key, so rotation is a reset()."""
 
+    shared = "`urllib3.PoolManager` (`functools.partial`)"
+
     single = "pooled"
 
     def rotate(self, single=None):
@@ -192,6 +206,8 @@ class Urllib3Partial(Urllib3):
 
 
 class OpenAI(Driver):
+    shared = "`openai.OpenAI`"
+    setting = "httpx's, as above, through `DefaultHttpxClient`"
     recipe = "sdk_openai"
     single = "llm"
     key_names = ("OPENAI_API_KEY", "OPENAI_BASE_URL")
@@ -226,6 +242,8 @@ class OpenAI(Driver):
 
 
 class Boto3(Driver):
+    shared = "boto3 S3 client"
+    setting = "`Config(max_pool_connections=THREADS)`"
     recipe = "sdk_boto3"
     single = "s3"
     server = "s3_server"
@@ -253,6 +271,8 @@ class Boto3(Driver):
 
 
 class Redis(Driver):
+    shared = "`redis.Redis`"
+    setting = "`BlockingConnectionPool(max_connections=THREADS)`"
     recipe = "sdk_redis"
     single = "cache"
     server = "redis_server"
@@ -293,6 +313,8 @@ class Redis(Driver):
 
 
 class Grpc(Driver):
+    shared = "`grpc.Channel`"
+    setting = "none: one HTTP/2 connection"
     recipe = "sdk_grpc"
     single = "channel"
     server = "grpc_server"

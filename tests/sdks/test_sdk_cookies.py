@@ -21,6 +21,7 @@ import threading
 import pytest
 import sdk_net
 from sdk_drivers import Httpx, Made, Requests
+from sdk_outcomes import record
 
 from poolkeeper import keys, process_singleton
 
@@ -78,6 +79,21 @@ def _crossed(answers):
     return sum(answer != user for user, answer in answers.items())
 
 
+def _record(web, scope, answers, errors, builds):
+    """Record the run's row of the threads page's table."""
+    record(
+        f"{web!r} cookies, scope {scope}",
+        object=f"{web.shared}, logged in per thread",
+        scope=scope,
+        setting=web.setting,
+        threads=THREADS,
+        errors=len(errors),
+        wrong=_crossed(answers),
+        wrong_means="saw another thread's session",
+        builds=builds,
+    )
+
+
 @pytest.fixture(
     name="web", params=[Requests, Httpx], ids=["requests", "httpx"]
 )
@@ -90,8 +106,10 @@ class TestCookieCrossTalk:
     def test_a_shared_client_gives_threads_each_others_session(self, web):
         """The default scope: one jar, the last login's cookie for all."""
         answers, errors = _logins(web, web.singleton)
+        builds = web.singleton.statistics().builds
+        _record(web, "process", answers, errors, builds)
         assert [] == errors
-        assert 1 == web.singleton.statistics().builds
+        assert 1 == builds
         assert THREADS == len(answers)
         # Every answer names one user: the jar's only session cookie.
         assert 1 == len(set(answers.values()))
@@ -105,10 +123,11 @@ class TestCookieCrossTalk:
         )(made)
         try:
             answers, errors = _logins(web, single)
+            stats = single.statistics()
+            _record(web, "thread", answers, errors, stats.builds)
             assert [] == errors
             assert THREADS == len(answers)
             assert 0 == _crossed(answers)
-            stats = single.statistics()
             assert THREADS == stats.builds
             assert THREADS == len(made.built)
             # The threads ran at once: THREADS distinct threads built.

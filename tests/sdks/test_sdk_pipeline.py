@@ -25,6 +25,7 @@ import uuid
 import pytest
 import sdk_net
 from sdk_drivers import Made, Redis
+from sdk_outcomes import record
 
 from poolkeeper import keys, process_singleton
 
@@ -88,6 +89,21 @@ def _foreign(answers, values):
     )
 
 
+def _record(scope, answers, errors, values, builds):
+    """Record the run's row of the threads page's table."""
+    record(
+        f"Redis pipeline, scope {scope}",
+        object="redis `Pipeline`, each thread its own keys",
+        scope=scope,
+        setting="`cache().pipeline(transaction=False)` on the recipe's client",
+        threads=THREADS,
+        errors=len(errors),
+        wrong=_wrong(answers, values),
+        wrong_means="got answers not their own",
+        builds=builds,
+    )
+
+
 @pytest.fixture(name="prefix")
 def _prefix(redis_server):
     prefix = f"pipeline-{uuid.uuid4().hex}"
@@ -107,8 +123,10 @@ class TestPipelinePerThread:
             return cache().pipeline(transaction=False)
 
         answers, errors, values = _queue_then_execute(pipeline, prefix)
+        builds = pipeline.statistics().builds
+        _record("process", answers, errors, values, builds)
         assert [] == errors
-        assert 1 == pipeline.statistics().builds
+        assert 1 == builds
         assert THREADS == len(answers)
         assert THREADS == _wrong(answers, values)
         # The first thread's execute() answered everyone's commands.
@@ -124,11 +142,12 @@ class TestPipelinePerThread:
             key=keys.env("REDIS_URL"), scope="thread"
         )(made)
         answers, errors, values = _queue_then_execute(pipeline, prefix)
+        stats = pipeline.statistics()
+        _record("thread", answers, errors, values, stats.builds)
         assert [] == errors
         assert THREADS == len(answers)
         assert 0 == _wrong(answers, values)
         assert 0 == _foreign(answers, values)
-        stats = pipeline.statistics()
         assert THREADS == stats.builds
         assert THREADS == len({ident for _, ident in made.built})
         # Each thread's end closed its pipeline, there, before join().
