@@ -722,7 +722,7 @@ def make_thread(
     the slow path and the closer of _threads.
     """
     scope = _threads.Scope(
-        options.name, functools.partial(make, factory, options)
+        options.name, factory, functools.partial(make, options=options)
     )
     hit = cast("Callable[..., Any]", scope.hit())
     single = make(factory, dataclasses.replace(options, key=None), hit)

@@ -39,18 +39,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import operator
 import os
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from poolkeeper import _registry
+from poolkeeper import _events, _registry, _watch
 from poolkeeper._close import Closer
 from poolkeeper._identity import too_many_rounds
 from poolkeeper._lifecycle import MAX_ROUNDS
 from poolkeeper._records import Statistics
 from poolkeeper._sync import ProcessSingleton, _slow_call, armed
 from poolkeeper._timers import THREAD_NAME, WORKER_NAME
+from poolkeeper._watch import _census
+from poolkeeper._watch._patch import warn_at_caller
+from poolkeeper.exceptions import PoolLeakWarning
 
 if TYPE_CHECKING:
     import weakref
@@ -59,6 +63,7 @@ if TYPE_CHECKING:
     from poolkeeper._lifecycle import Lifecycle, Record
 
 T = TypeVar("T")
+_log = logging.getLogger("poolkeeper")
 
 # Summed over threads (and over the threads that ended, for counters).
 _COUNTERS = (
@@ -171,12 +176,15 @@ class Scope:
     def __init__(
         self,
         name: str,
-        make_inner: Callable[
-            [Callable[..., Any], type[Closer]], ProcessSingleton[Any]
-        ],
+        factory: Callable[[], Any],
+        make_inner: Callable[..., ProcessSingleton[Any]],
     ) -> None:
         self.name = name
+        # Called with factory=, slow= and closing=: an inner singleton.
         self.make_inner = make_inner
+        self.factory = self._counted(factory)
+        # The count of live clients watch() last warned at (its doubling).
+        self.warned_at = 0
         # Each thread's record: its inner singleton.
         self.records = threading.local()
         # Each thread's client while its inner singleton is armed with it;
@@ -282,7 +290,9 @@ class Scope:
     def enter(self) -> ProcessSingleton[Any]:
         """Make the calling thread's inner singleton (nothing is built)."""
         self._forked()
-        inner = self.make_inner(self.slow(), ThreadCloser)
+        inner = self.make_inner(
+            factory=self.factory, slow=self.slow(), closing=ThreadCloser
+        )
         life = inner._self_life
         life.arm = functools.partial(self.arm_inner, life.arm)
         record = _Thread(self, inner)
@@ -328,6 +338,56 @@ class Scope:
             raise too_many_rounds(name, "retired")
 
         return slow
+
+    def _counted(self, factory: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap *factory*: each build is counted by watch(), if it watches.
+
+        What the factory builds is this singleton's: the watched classes'
+        censuses leave it out (``_census.exempt``), and before the build
+        the live clients, with the one to come, are checked against
+        watch()'s *thread_limit* (``crowded``).
+        """
+
+        def build() -> Any:  # noqa: ANN401 -- the client.
+            limit = _watch.watched_thread_limit()
+            if limit is not None:
+                self.crowded(limit)
+            exempt = _census.exempt
+            exempt.depth = getattr(exempt, "depth", 0) + 1
+            try:
+                return factory()
+            finally:
+                exempt.depth -= 1
+
+        return build
+
+    def crowded(self, limit: int) -> None:
+        """Warn if this build makes more than *limit* live clients.
+
+        As the watched classes' warning does: once on crossing the limit,
+        again each time the count doubles, anew after it fell back. Only
+        the warning may escape (the user's filters made it an error).
+        """
+        try:
+            here = self.here()
+            count = 1 + sum(
+                inner.current() is not None
+                for inner in list(self.threads.values())
+                if inner is not here
+            )
+            with self.lock:
+                if count <= limit:
+                    self.warned_at = 0
+                    return
+                if count < max(limit + 1, 2 * self.warned_at):
+                    return
+                self.warned_at = count
+        except Exception as exc:  # noqa: BLE001 -- never break the build.
+            _events.failure(
+                _log, f"poolkeeper.watch cannot count {self.name}.", exc
+            )
+            return
+        warn_at_caller(PoolLeakWarning(self.name, count, limit, (), "thread"))
 
     # -- beside the call ----------------------------------------------------
 

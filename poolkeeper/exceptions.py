@@ -84,13 +84,21 @@ class PoolLeakWarning(PoolkeeperWarning):
     of one watched class crosses its limit, and again each time that number
     doubles. Each client owns a connection pool (sockets, often threads),
     so many live clients usually mean one is built per call or per retry.
+    For a ``scope="thread"`` singleton (*scope* ``"thread"``), when it is
+    about to hold more live clients, one per thread, than watch()'s
+    *thread_limit*.
 
     Args:
-        name: The client class, as ``module.QualName``.
-        count: How many instances are alive now.
+        name: The client class, as ``module.QualName``, or the thread
+            singleton's name.
+        count: How many instances are alive now (with the one about to be
+            built, for a thread singleton).
         limit: The most instances expected to be alive at once.
         sites: The places (``path:line``) that built the live instances
-            most often, each with its number of live instances, most first.
+            most often, each with its number of live instances, most first
+            (empty for a thread singleton).
+        scope: ``"process"`` for a watched class, ``"thread"`` for a
+            thread singleton.
 
     .. versionadded:: 0.1
     """
@@ -101,16 +109,27 @@ class PoolLeakWarning(PoolkeeperWarning):
         count: int,
         limit: int,
         sites: tuple[tuple[str, int], ...],
+        scope: str = "process",
     ) -> None:
         """Record the class, the count, the limit and the call sites."""
-        super().__init__(name, count, limit, sites)
+        super().__init__(name, count, limit, sites, scope)
         self.name = name
         self.count = count
         self.limit = limit
         self.sites = sites
+        self.scope = scope
 
     def __str__(self) -> str:
         """Say how many are alive, where they were built, and the fix."""
+        if self.scope == "thread":
+            return (
+                f"{self.count} live clients of the scope='thread' singleton "
+                f"{self.name}, with the one it is building (limit "
+                f"{self.limit}): one for each thread that called it and has "
+                "not ended. Threads are piling up, or the limit "
+                "(poolkeeper.watch(thread_limit=...)) is below the number "
+                "of threads that use it."
+            )
         built = ", ".join(f"{site} ({n})" for site, n in self.sites)
         return (
             f"{self.count} {self.name} instances are alive at once "

@@ -29,6 +29,11 @@ __all__ = ["unwatch", "watch"]
 _log = logging.getLogger("poolkeeper")
 
 _DEFAULT_LIMIT: Final = 3
+_DEFAULT_THREAD_LIMIT: Final = 128
+
+# The thread_limit of the latest watch(), None when nothing is watched:
+# read by each build of a thread singleton (poolkeeper._threads).
+_thread_limit: int | None = None
 
 # Guards _targets and _patches. Reentrant: registering a hook for a module
 # that is already imported runs the hook at once, in the same thread.
@@ -85,7 +90,11 @@ _targets: dict[str, _Target] = {}
 _patches: dict[type, Patch] = {}
 
 
-def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
+def watch(
+    *names: str,
+    limit: int = _DEFAULT_LIMIT,
+    thread_limit: int = _DEFAULT_THREAD_LIMIT,
+) -> None:
     """Warn when too many instances of a pool-owning client are alive.
 
     Patches the ``__init__`` of each class named ``"module:Class"`` to count
@@ -112,6 +121,16 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
     is logged once on the ``poolkeeper`` logger, never raised. Only the
     warning itself can become an error, if the warning filters say so.
 
+    A ``scope="thread"`` singleton holds one client per thread that called
+    it and has not ended, so its clients are not counted against *limit*
+    (nor is anything else its factory builds): while anything is watched,
+    each build of such a singleton counts its live clients instead, and a
+    :class:`PoolLeakWarning` names the singleton when they are more than
+    *thread_limit*: threads are piling up (each new thread builds a client
+    that lives as long as the thread), or the limit is below the number of
+    threads that use it. It is emitted before the build, again each time
+    the count doubles, and anew after the count fell back to the limit.
+
     Only construction is slowed down, by a few microseconds; method calls
     on the clients are untouched.
 
@@ -123,15 +142,19 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
     Args:
         *names: Classes to watch, as ``"module:Class"``.
         limit: The most instances of one class expected alive at once.
+        thread_limit: The most live clients one ``scope="thread"``
+            singleton is expected to hold at once: your most threads.
 
     Raises:
-        ValueError: If a name is not ``"module:Class"``, or *limit* is
-            less than 1.
-        TypeError: If *limit* is not an integer.
+        ValueError: If a name is not ``"module:Class"``, or *limit* or
+            *thread_limit* is less than 1.
+        TypeError: If *limit* or *thread_limit* is not an integer.
 
     .. versionadded:: 0.1
     """
+    global _thread_limit  # noqa: PLW0603
     limit = _valid_limit(limit)
+    threads = _valid_limit(thread_limit, "thread_limit")
     specs = names or WATCHED_CLASSES
     for spec in specs:
         module, _, attr = spec.partition(":")
@@ -140,6 +163,7 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
             raise ValueError(msg)
     _events.watched()
     with _registry_lock:
+        _thread_limit = threads
         for spec in specs:
             target = _targets.get(spec)
             if target is not None:
@@ -151,12 +175,12 @@ def watch(*names: str, limit: int = _DEFAULT_LIMIT) -> None:
             wrapt.register_post_import_hook(target.hook, target.module)
 
 
-def _valid_limit(limit: object) -> int:
+def _valid_limit(limit: object, name: str = "limit") -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
-        msg = f"watch(limit=...) must be an integer, not {limit!r}."
+        msg = f"watch({name}=...) must be an integer, not {limit!r}."
         raise TypeError(msg)
     if limit < 1:
-        msg = f"watch(limit=...) must be at least 1, not {limit}."
+        msg = f"watch({name}=...) must be at least 1, not {limit}."
         raise ValueError(msg)
     return limit
 
@@ -165,14 +189,18 @@ def unwatch(*names: str) -> None:
     """Stop watching *names*, or every watched class when none are given.
 
     Each patched ``__init__`` is restored; a module not yet imported is
-    no longer patched when it is.
+    no longer patched when it is. With no *names*, the live clients of
+    ``scope="thread"`` singletons are no longer counted either.
 
     Args:
         *names: Classes given to :func:`watch`, as ``"module:Class"``.
 
     .. versionadded:: 0.1
     """
+    global _thread_limit  # noqa: PLW0603
     with _registry_lock:
+        if not names:
+            _thread_limit = None
         for spec in names or tuple(_targets):
             target = _targets.pop(spec, None)
             if target is None:
@@ -183,6 +211,11 @@ def unwatch(*names: str) -> None:
                 if not patch.specs:
                     del _patches[cls]
                     patch.restore()
+
+
+def watched_thread_limit() -> int | None:
+    """Return watch()'s thread_limit, or None while nothing is watched."""
+    return _thread_limit
 
 
 def live_counts() -> dict[str, int]:

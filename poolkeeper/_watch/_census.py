@@ -12,11 +12,16 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["Census", "Ref", "lock"]
+__all__ = ["Census", "Ref", "exempt", "lock"]
 
 # Guards every census. Weakref callbacks never take it (see Census), so a
 # plain lock cannot deadlock when garbage collection runs while it is held.
 lock = threading.Lock()
+
+# Its ``depth`` is above 0 while a thread singleton's factory runs on this
+# thread: the instances it builds are that singleton's, counted against
+# watch()'s thread_limit (poolkeeper._threads), not as the class's.
+exempt = threading.local()
 
 
 class Ref(weakref.ref[Any]):

@@ -26,7 +26,7 @@ from poolkeeper.exceptions import PoolLeakWarning
 if TYPE_CHECKING:
     from types import FrameType
 
-__all__ = ["Patch"]
+__all__ = ["Patch", "warn_at_caller"]
 
 _log = logging.getLogger("poolkeeper")
 
@@ -92,6 +92,8 @@ class Patch:
             self.censuses.clear()
 
     def _track(self, instance: object) -> None:
+        if getattr(_census.exempt, "depth", 0):
+            return  # A thread singleton's client: counted there.
         cls = type(instance)
         name = f"{cls.__module__}.{cls.__qualname__}"
         census = self.censuses.get(name)
@@ -175,6 +177,11 @@ def _call_site(skip: tuple[str, ...]) -> FrameType | None:
 
 def _where(frame: FrameType) -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
+
+
+def warn_at_caller(warning: PoolLeakWarning) -> None:
+    """Emit *warning* at the first frame outside poolkeeper and wrapt."""
+    _warn(warning, _call_site(_OWN_DIRS))
 
 
 def _warn(warning: PoolLeakWarning, frame: FrameType | None) -> None:

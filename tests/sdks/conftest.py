@@ -28,6 +28,7 @@ if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
 # Importable only once _HERE is on the path.
+import sdk_outcomes  # noqa: E402
 from sdk_drivers import SYNC  # noqa: E402
 
 TIMEOUT = shutil.which("timeout") or "timeout"  # coreutils
@@ -35,6 +36,12 @@ RECIPES = _HERE.parent.parent / "docs" / "recipes"
 LIFETIME = 1800  # seconds; the whole SDK suite takes a small part of it.
 START = 60.0  # seconds for a server to answer.
 _serial = itertools.count()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With RECORD_THREAD_OUTCOMES=1: write what the 128-thread tests
+    measured to docs/threads/outcomes.json (see sdk_outcomes)."""
+    sdk_outcomes.write()
 
 
 class Server:

@@ -2,19 +2,23 @@
 
 Every response carries ``X-Conn-Id``: the client's port as the server
 sees it, which names the TCP connection that carried the request.
+``/login?user=U`` sets a session cookie for U; ``/whoami`` answers the
+user of the session cookie it got (or null), and sets none.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from http.cookies import SimpleCookie
+from urllib.parse import parse_qs
 
 
 def _conn_id(environ):
     return str(environ.get("REMOTE_PORT", ""))
 
 
-def _json(start_response, environ, body, status="200 OK"):
+def _json(start_response, environ, body, status="200 OK", headers=()):
     data = json.dumps(body).encode()
     start_response(
         status,
@@ -22,17 +26,30 @@ def _json(start_response, environ, body, status="200 OK"):
             ("Content-Type", "application/json"),
             ("Content-Length", str(len(data))),
             ("X-Conn-Id", _conn_id(environ)),
+            *headers,
         ],
     )
     return [data]
 
 
+def _session_user(environ):
+    cookie = SimpleCookie(environ.get("HTTP_COOKIE", ""))
+    morsel = cookie.get("session")
+    return None if morsel is None else morsel.value
+
+
 def http_app(environ, start_response):
-    """Echo the connection id; answer two OpenAI routes."""
+    """Echo the connection id; answer two OpenAI routes and a login."""
     path = environ.get("PATH_INFO", "/")
     size = int(environ.get("CONTENT_LENGTH") or 0)
     if size:
         environ["wsgi.input"].read(size)
+    if path == "/login":
+        user = parse_qs(environ.get("QUERY_STRING", ""))["user"][0]
+        cookie = ("Set-Cookie", f"session={user}; Path=/")
+        return _json(start_response, environ, {"user": user}, headers=[cookie])
+    if path == "/whoami":
+        return _json(start_response, environ, {"user": _session_user(environ)})
     if path == "/v1/models":
         body = {
             "object": "list",

@@ -7,6 +7,7 @@ the connection that carried it, as the server reported it.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -15,11 +16,50 @@ import sdk_net
 from poolkeeper import keys, process_singleton
 
 
+class Made:
+    """A factory noting the thread that built and closed each client.
+
+    It wraps a recipe's factory; the client's own close() still runs.
+    """
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.lock = threading.Lock()
+        self.built = []  # (client, ident of the thread that built it)
+        self.closes = {}  # id(client) -> idents of the threads closing it
+
+    def __call__(self):
+        client = self.factory()
+        close = client.close
+
+        def recorded_close():
+            with self.lock:
+                self.closes.setdefault(id(client), []).append(
+                    threading.get_ident()
+                )
+            close()
+
+        client.close = recorded_close
+        with self.lock:
+            self.built.append((client, threading.get_ident()))
+        return client
+
+    def closed_on_own_thread(self):
+        """Whether each client was closed once, on the thread that built it."""
+        return all(
+            [ident] == self.closes.get(id(client))
+            for client, ident in self.built
+        )
+
+
 class Driver:
     """What the generic tests need to know about one SDK."""
 
     recipe = ""
     single = ""
+    # The threads page's table: what the recipe shares, its pool setting.
+    shared = ""
+    setting = ""
     server = "http_server"
     # Whether the client's sockets are Python objects a child inherits.
     python_sockets = True
@@ -86,6 +126,11 @@ class Driver:
 
 
 class Httpx(Driver):
+    shared = "`httpx.Client`"
+    setting = (
+        "`httpx.Limits(max_connections=THREADS, "
+        "max_keepalive_connections=THREADS)`"
+    )
     recipe = "sdk_httpx"
     single = "api"
     key_names = ("API_URL", "API_TOKEN")
@@ -109,6 +154,8 @@ class Httpx(Driver):
 
 
 class Requests(Httpx):
+    shared = "`requests.Session`"
+    setting = "`HTTPAdapter(pool_maxsize=THREADS)`"
     recipe = "sdk_requests"
     single = "session"
 
@@ -119,6 +166,8 @@ class Requests(Httpx):
 
 
 class Urllib3(Driver):
+    shared = "`urllib3.PoolManager`"
+    setting = "`PoolManager(maxsize=THREADS)`"
     recipe = "sdk_urllib3"
     single = "http"
     key_names = ("UPSTREAM_CA_BUNDLE",)
@@ -143,6 +192,8 @@ class Urllib3(Driver):
 class Urllib3Partial(Urllib3):
     """The functools.partial form: no key, so rotation is a reset()."""
 
+    shared = "`urllib3.PoolManager` (`functools.partial`)"
+
     single = "pooled"
 
     def rotate(self, single=None):
@@ -155,6 +206,8 @@ class Urllib3Partial(Urllib3):
 
 
 class OpenAI(Driver):
+    shared = "`openai.OpenAI`"
+    setting = "httpx's, as above, through `DefaultHttpxClient`"
     recipe = "sdk_openai"
     single = "llm"
     key_names = ("OPENAI_API_KEY", "OPENAI_BASE_URL")
@@ -189,6 +242,8 @@ class OpenAI(Driver):
 
 
 class Boto3(Driver):
+    shared = "boto3 S3 client"
+    setting = "`Config(max_pool_connections=THREADS)`"
     recipe = "sdk_boto3"
     single = "s3"
     server = "s3_server"
@@ -216,6 +271,8 @@ class Boto3(Driver):
 
 
 class Redis(Driver):
+    shared = "`redis.Redis`"
+    setting = "`BlockingConnectionPool(max_connections=THREADS)`"
     recipe = "sdk_redis"
     single = "cache"
     server = "redis_server"
@@ -256,6 +313,8 @@ class Redis(Driver):
 
 
 class Grpc(Driver):
+    shared = "`grpc.Channel`"
+    setting = "none: one HTTP/2 connection"
     recipe = "sdk_grpc"
     single = "channel"
     server = "grpc_server"

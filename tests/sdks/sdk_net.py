@@ -79,17 +79,25 @@ def together(count, work, timeout):
     barrier = threading.Barrier(count, timeout=timeout)
     errors = []
 
-    def run():
+    def run(_):
         try:
             barrier.wait()
             work()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run) for _ in range(count)]
+    each(count, run, timeout)
+    return errors
+
+
+def each(count, work, timeout):
+    """Run ``work(i)`` on threads i = 0 .. *count* - 1; join them all.
+
+    Every thread is joined within *timeout* seconds (asserted).
+    """
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout)
         assert not thread.is_alive()
-    return errors

@@ -18,6 +18,7 @@ import logging
 import pytest
 import sdk_net
 from sdk_drivers import Requests
+from sdk_outcomes import record
 
 from poolkeeper import keys, process_singleton
 
@@ -61,6 +62,20 @@ def _share(sdk, single):
     return ports, sdk_net.together(THREADS, calls, JOIN)
 
 
+def _record(name, sdk, ports, errors, **row):
+    """Record a shared client's row of the threads page's table."""
+    record(
+        name,
+        object=sdk.shared,
+        scope="process",
+        threads=THREADS,
+        errors=len(errors),
+        connections=len(set(ports)),
+        requests=len(ports),
+        **row,
+    )
+
+
 class TestSharedByThreads:
     def test_one_client_serves_128_threads_within_its_pool(
         self, sdk, pool_warnings
@@ -68,9 +83,20 @@ class TestSharedByThreads:
         """128 threads: no error or warning, connections within the pool."""
         assert THREADS <= sdk.pool_size or 1 == sdk.pool_size
         ports, errors = _share(sdk, sdk.singleton)
+        builds = sdk.singleton.statistics().builds
+        _record(
+            f"{sdk!r}",
+            sdk,
+            ports,
+            errors,
+            pool=sdk.pool_size,
+            warnings=len(pool_warnings),
+            setting=sdk.setting,
+            builds=builds,
+        )
         assert [] == errors
         assert [] == pool_warnings
-        assert 1 == sdk.singleton.statistics().builds
+        assert 1 == builds
         assert THREADS * CALLS == len(ports)
         assert len(set(ports)) <= sdk.pool_size
 
@@ -87,8 +113,19 @@ class TestSharedByThreads:
         )
         try:
             ports, errors = _share(sdk, plain)
+            builds = plain.statistics().builds
         finally:
             plain.reset()
+        _record(
+            "Requests default pool",
+            sdk,
+            ports,
+            errors,
+            pool=10,
+            warnings=len(pool_warnings),
+            setting="none: `Session()`'s default (10 per host)",
+            builds=builds,
+        )
         assert [] == errors
         assert pool_warnings
         assert all("Connection pool is full" in m for m in pool_warnings)
