@@ -96,9 +96,12 @@ from poolkeeper._records import (
     DONE,
     Build,
     ClientState,
+    Deferral,
     Ended,
     Holder,
     Probe,
+    ProbeDue,
+    Probing,
     Record,
     Serve,
     Slot,
@@ -420,9 +423,9 @@ class Lifecycle(Generic[T]):
             if (
                 pending is not None
                 and live is not None
-                and pending[0] == live.sequence
+                and pending.sequence == live.sequence
             ):
-                deferred = pending[1]
+                deferred = pending.reason
         return Statistics(
             builds=self.builds,
             build_failures=self.build_failures,
@@ -507,16 +510,15 @@ class Lifecycle(Generic[T]):
         if live is not None and matched:
             probe = slot.probe
             if (
-                probe is not None
-                and probe[1] == "due"
-                and probe[0] == live.sequence
+                type(probe) is ProbeDue
+                and probe.sequence == live.sequence
                 and live.state is ClientState.LIVE
             ):
                 # This call probes; the record is held for it. The call's
                 # wake-up names it: unwinding before it reported, it gives
                 # the probe back (unprobe).
                 done = new_done()
-                probing = (live.sequence, "probing", done, live, False)
+                probing = Probing(live.sequence, done, live)
                 stores(
                     (live, "leases", live.leases + 1),
                     (live, "prober", done),
@@ -939,16 +941,20 @@ class Lifecycle(Generic[T]):
         pending = slot.deferred
         if (
             pending is not None
-            and pending[0] == live.sequence
-            and pending[1] in HEALING
+            and pending.sequence == live.sequence
+            and pending.reason in HEALING
         ):
-            if now < pending[3]:
+            if now < pending.due:
                 return self._defer(slot, live, reason, error, wait)
             # Due, and its timer has not carried it out yet (late, or cut
             # short): now, as the timer would.
-            _, reason, error, _ = pending
             return self._retire_live(
-                slot, live, reason, error, doomed, deferred=True
+                slot,
+                live,
+                pending.reason,
+                pending.error,
+                doomed,
+                deferred=True,
             )
         if wait > 0:
             return self._defer(slot, live, reason, error, wait)
@@ -968,13 +974,12 @@ class Lifecycle(Generic[T]):
         if (
             live is None
             or pending is None
-            or pending[0] != sequence
+            or pending.sequence != sequence
             or live.sequence != sequence
         ):
             return None
-        _, reason, error, _ = pending
         return self._retire_live(
-            slot, live, reason, error, doomed, deferred=True
+            slot, live, pending.reason, pending.error, doomed, deferred=True
         )
 
     @locked
@@ -1015,19 +1020,20 @@ class Lifecycle(Generic[T]):
         if live.checks != checks:
             if (
                 live.checks + 1 != checks
-                or probe is None
-                or probe[:2] != (sequence, "probing")
+                or type(probe) is not Probing
+                or probe.sequence != sequence
             ):
                 return False
+            again = Probing(sequence, probe.prober, probe.record, again=True)
             stores(
-                (slot, "probe", (*probe[:4], True)),
+                (slot, "probe", again),
             )
             return True
-        if probe is not None and probe[0] == sequence:
+        if probe is not None and probe.sequence == sequence:
             return True  # Already due, or being probed.
         self._disarm()
         stores(
-            (slot, "probe", (sequence, "due")),
+            (slot, "probe", ProbeDue(sequence)),
         )
         return True
 
@@ -1056,12 +1062,9 @@ class Lifecycle(Generic[T]):
         if record.prober is None:
             return None  # Reported already.
         probe = slot.probe
-        current = probe is not None and probe[:2] == (
-            record.sequence,
-            "probing",
-        )
+        current = type(probe) is Probing and probe.sequence == record.sequence
         # The next probe's timer ended before this report (see due).
-        again = current and probe is not None and probe[4]
+        again = type(probe) is Probing and current and probe.again
         if (ok is not True or again) and current:
             # Due again, for the next call: the hit path stays disarmed. A
             # failed probe is due again until ``heal`` below retires the
@@ -1069,7 +1072,7 @@ class Lifecycle(Generic[T]):
             # probes again instead of serving a failed client for ever.
             self._disarm()
         # The slot's probe, unless it has moved on to another client.
-        due, state = (record.sequence, "due"), probe
+        due, state = ProbeDue(record.sequence), probe
         if current:
             state = None if ok is True and not again else due
         probes = self.probes + (ok is not None)
@@ -1128,7 +1131,7 @@ class Lifecycle(Generic[T]):
         if done is None:
             return
         probe = slot.probe
-        probing = () if probe is None or probe[1] != "probing" else probe[3:4]
+        probing = (probe.record,) if type(probe) is Probing else ()
         for record in (*probing, slot.live, *slot.retired):
             if record is not None and record.prober is done:
                 self.probed(slot, record, None, None, 0.0, doomed)
@@ -1148,18 +1151,18 @@ class Lifecycle(Generic[T]):
         """
         pending = slot.deferred
         age = time.monotonic() - live.built_at
-        if pending is not None and pending[0] == live.sequence:
+        if pending is not None and pending.sequence == live.sequence:
             return Verdict(
                 retired=False,
                 delay=None,
                 age=age,
-                reason=pending[1],
-                error=pending[2],
+                reason=pending.reason,
+                error=pending.error,
                 sequence=live.sequence,
                 key=live.fingerprint,
             )
         due = time.monotonic() + wait
-        slot.deferred = (live.sequence, reason, error, due)
+        slot.deferred = Deferral(live.sequence, reason, error, due)
         return Verdict(
             retired=False,
             delay=wait,
@@ -1450,8 +1453,9 @@ class Lifecycle(Generic[T]):
                     record.leases -= 1
                     record.prober = None
             for slot in self.slots.values():
-                if slot.probe is not None and slot.probe[1] == "probing":
-                    slot.probe = (slot.probe[0], "due")
+                probe = slot.probe
+                if type(probe) is Probing:
+                    slot.probe = ProbeDue(probe.sequence)
             # A kept client keeps its deferral, backoff and timers (the
             # fork hook resumes them: _timers.resume).
             slots = [s for s in self.slots.values() if _stranded(s)]

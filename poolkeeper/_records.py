@@ -296,18 +296,61 @@ class Slot:
         self.dropped = False
         # Healing's backoff: the spacing a healing retirement of the live
         # client must keep from its build (0: none, retire at once), and
-        # the retirement deferred until then, if any: (the live record's
-        # sequence, reason, error type name, monotonic time due).
+        # the retirement deferred until then, if any.
         self.spacing = 0.0
-        self.deferred: tuple[int, str, str | None, float] | None = None
+        self.deferred: Deferral | None = None
         # Why the slot has no live client: the last retirement's reason
         # (None after a build), the reason its next build reports.
         self.cause: str | None = None
-        # The health probe (*check*) of the live client: (its record's
-        # sequence, "due"), or (sequence, "probing", the prober's wake-up,
-        # the record, whether the next probe is due at its report); None
-        # between probes.
-        self.probe: tuple[Any, ...] | None = None
+        # The probe (*check*) of the live client: due, or in flight;
+        # None between probes.
+        self.probe: ProbeDue | Probing | None = None
+
+
+# -- healing's state ---------------------------------------------------------
+# A slot's probe and deferral are values, replaced whole in one store: a
+# transition that changes them commits one new record, never a field.
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ProbeDue:
+    """The live record *sequence*'s probe is due: the next call runs it."""
+
+    sequence: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Probing:
+    """The live record *sequence*'s probe is in flight.
+
+    *prober* is the wake-up of the call running it (what ``unprobe``
+    finds it by), *record* the record it holds, and *again* says that the
+    next probe's timer ended meanwhile: the probe is due again at its
+    report (see ``Lifecycle.due``).
+    """
+
+    sequence: int
+    prober: object
+    record: Record[Any]
+    again: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """A retirement of the live record *sequence*, deferred until *due*.
+
+    Deferred by healing's backoff or by *min_rebuild_interval*: its
+    *reason*, the type name of the *error* that caused it (or None), and
+    when it is due on the monotonic clock.
+    """
+
+    sequence: int
+    reason: str
+    error: str | None
+    due: float
 
 
 class Verdict:

@@ -19,6 +19,7 @@ from test_hit_frames import frames_of
 
 import poolkeeper
 from poolkeeper import _builds, _lifecycle, _timers, process_singleton
+from poolkeeper._records import ProbeDue
 
 #: Slack for a busy machine (2 cores shared with other agents).
 SLACK = 1.0
@@ -228,7 +229,7 @@ class TestCheck:
         with pytest.raises(KeyboardInterrupt):
             single()
         # Due again, not stuck probing; the client was not retired.
-        assert (client, "due") == (slot.live.client, slot.probe[1])
+        assert (client, ProbeDue) == (slot.live.client, type(slot.probe))
         assert 0 == slot.live.leases
         assert single() is client
         stats = single.statistics()
@@ -420,7 +421,7 @@ class TestAsyncChecks:
         assert wait_until(lambda: slot.probe is not None)
         with pytest.raises(TypeError, match=r"Factory.* returned an await"):
             single()
-        assert (client, "due") == (slot.live.client, slot.probe[1])
+        assert (client, ProbeDue) == (slot.live.client, type(slot.probe))
         assert 0 == slot.live.leases
         assert 0 == single.statistics().probes
         assert not [w for w in recwarn if "never awaited" in str(w.message)]
@@ -516,7 +517,7 @@ class TestTimersEndWithTheirClient:
         assert not life.due(slot, record.sequence, record.checks + 1)
         assert slot.probe is None
         assert life.due(slot, record.sequence, record.checks)
-        assert (record.sequence, "due") == slot.probe
+        assert ProbeDue(record.sequence) == slot.probe
 
 
 class TestProbeHandedOutCutShort:
@@ -539,7 +540,7 @@ class TestProbeHandedOutCutShort:
         if inject.fired is None:
             pytest.skip(f"fewer than {n} lines follow the hand-out")
         probe = slot.probe
-        assert probe is None or probe[1] == "due", (inject.fired, probe)
+        assert probe is None or type(probe) is ProbeDue, (inject.fired, probe)
         assert 0 == slot.live.leases, inject.fired
         assert single() is client
         assert single.reset()
@@ -585,7 +586,10 @@ class TestAsyncProbeHandedOutCutShort:
             if inject.fired is None:
                 pytest.skip(f"fewer than {n} lines follow the hand-out")
             probe = slot.probe
-            assert probe is None or probe[1] == "due", (inject.fired, probe)
+            assert probe is None or type(probe) is ProbeDue, (
+                inject.fired,
+                probe,
+            )
             assert 0 == slot.live.leases, inject.fired
             assert await single() is client
             assert await single.reset()
