@@ -10,7 +10,7 @@ what to do next: serve this record, wait for this ticket, build now, or
 close these records. The data it keeps is in :mod:`poolkeeper._records`.
 
 :class:`Lifecycle` is one class, in sections: state and counters,
-requests and builds, leases, ends, changes and overrides, fork.
+requests and builds, leases, ends, healing, changes and overrides, fork.
 
 Invariants (other modules refer to them as I1 ... I6):
 
@@ -41,31 +41,57 @@ I5. Owed closes. A close decided here is in ``owed`` until a close claims
 I6. Fork. ``forget_parent`` takes no lock (another thread may have held
     it at the fork), logs nothing and never raises.
 
-Healing (``heal``, ``carry_out``): a healing retirement (``retire()``,
-*retire_on*) compares and retires: it retires the client only while it is
-its slot's live one, so any number of callers retiring the same client
-cause one retirement. Rebuilds caused by healing back off: the first is
-immediate, and the next client's spacing is :data:`BACKOFF_FIRST`
-seconds. A healing retirement of a client younger than its spacing is
-deferred until the client is that old (the driver arms a timer, which
-calls ``carry_out``), and the client after it gets twice the spacing, up
-to :data:`BACKOFF_CAP`. A client that lives a full spacing resets it: its
-healing retirement is immediate again, and the next spacing is
-:data:`BACKOFF_FIRST`. A ``reset()`` inside *min_rebuild_interval* is
-deferred the same way, until the interval ends. Retirements are counted
-by reason (:data:`REASONS`).
+Lock-free decisions are this module's, as named queries (``override``,
+``owed_besides``, ``holds_on``, ``holders``, ``census``, ``build_cause``,
+``has_timers``; ``Record.matches``, ``is_closed``, ``is_retired``), except
+those on hot paths, which read the records inline because a call there
+would add a Python frame to every call:
 
-Ageing and probing (``expire``, ``due``, ``probed``): with *max_age*, the
-driver arms a timer at each build; at its end ``expire`` retires that
-client if it is still live, for reason "max_age", as a healing
-retirement (the backoff applies). With *check*, a timer marks the live
-client's probe due (``due``), which disarms the hit path; the first
-``request`` that finds it due answers :class:`Probe` (one prober: the
-probe is then "probing", and other calls are served), holding the record
-as a lease does, so that it is not closed under the probe. ``probed``
-releases it, counts the probe and retires a client that failed it, for
-reason "check"; a probe cut short by a ``BaseException``, or failed and
-not yet retired (cut between its two commits), is due again.
+- ``_sync``'s polled hit path: the armed record is still live (one frame
+  for a polled key; a later retirement is one after the return, I3).
+- ``_lease``'s pin and unpin: ``pins`` then ``open`` (I3).
+- ``_async``'s ``_get``: the record a pushed key matched is still live on
+  this loop, its probe not due, its epoch unmoved (I2); and ``_slot``:
+  the running loop's slot, hooked. Each await of an async singleton.
+- ``_async``'s ``_acquire``: a polled key's value matches the loop's live
+  record, with no probe due; this slot's clients close only on this loop.
+- ``_healing``'s ``give_back``: whether the slot can hold a probe at all,
+  on every call's way out by an exception.
+- ``life.overrides and``, before ``override()`` on every call's path.
+
+The healing section (``reset``, ``heal``, ``carry_out``, ``expire``,
+``due``, ``probed``, ``unprobe``; its driver half is
+:mod:`poolkeeper._healing`):
+
+- **Heal.** A healing retirement (``retire()``, *retire_on*, a failed
+  probe, *max_age*) compares and retires: it retires the client only while
+  it is its slot's live one, so any number of callers retiring the same
+  client cause one retirement.
+- **Backoff.** Rebuilds caused by healing back off: the first is
+  immediate, and the next client's spacing is :data:`BACKOFF_FIRST`
+  seconds. A client that lives a full spacing resets it: its healing
+  retirement is immediate again, and the next spacing is
+  :data:`BACKOFF_FIRST`.
+- **Deferral.** A healing retirement of a client younger than its spacing
+  is deferred until the client is that old (a
+  :class:`~poolkeeper._records.Deferral` in the slot; the driver starts a
+  timer, which calls ``carry_out``), and the client after it gets twice
+  the spacing, up to :data:`BACKOFF_CAP`. A ``reset()`` inside
+  *min_rebuild_interval* is deferred the same way, until the interval
+  ends. Retirements are counted by reason (:data:`REASONS`).
+- **Ageing.** With *max_age*, the driver starts a timer at each build; at
+  its end ``expire`` retires that client if it is still live, for reason
+  "max_age", as a healing retirement (the backoff applies).
+- **Probe.** With *check*, a timer makes the live client's probe due
+  (``due``: a :class:`~poolkeeper._records.ProbeDue` in the slot), which
+  disarms the hit path; the first ``request`` that finds it due answers
+  :class:`Probe` (one prober: the slot's probe is then a
+  :class:`~poolkeeper._records.Probing`, and other calls are served),
+  holding the record as a lease does, so that it is not closed under the
+  probe. ``probed`` takes the probe's verdict: it releases the record,
+  counts the probe and retires a client that failed it, for reason
+  "check"; a probe cut short by a ``BaseException``, or failed and not yet
+  retired (cut between its two commits), is due again.
 """
 
 from __future__ import annotations
@@ -307,9 +333,12 @@ class Lifecycle(Generic[T]):
         self.forked: tuple[Verdict, ...] = ()
         # Closes decided but not started (see I5).
         self.owed: tuple[Record[Any], ...] = ()
-        # Ageing and probing (set by the decorator): seconds, or None.
+        # Ageing and probing (set by the decorator): seconds, or None; and
+        # the probe function (check=), which only _healing calls (without
+        # check=, no probe is ever due and bool is never called).
         self.max_age: float | None = None
         self.check_every: float | None = None
+        self.check: Callable[[Any], object] = bool
         self._zero()
 
     # The switch is a class attribute store (a stop-the-world update on
@@ -542,6 +571,14 @@ class Lifecycle(Generic[T]):
         )
         slot.build = ticket
         return Build(ticket)
+
+    def build_cause(self, slot: Slot) -> str | None:
+        """Why *slot*'s next build builds: "key" while a client is live.
+
+        Otherwise the reason its last client was retired, None for its
+        first. Lock-free: a build's reason, read as it begins.
+        """
+        return "key" if slot.live is not None else slot.cause
 
     @locked
     def still_live(self, record: Record[T]) -> bool:
@@ -891,6 +928,168 @@ class Lifecycle(Generic[T]):
         )
 
     @locked
+    def detach(
+        self, doomed: list[Record[T]], said: list[Verdict] | None = None
+    ) -> None:
+        """Retire every slot's live client, ignoring the rate limit.
+
+        Doom those no lease holds (objects made from them do not hold them
+        past this), and the retired ones that only such objects hold.
+
+        Each retirement's verdict goes to *said* in its commit, for the
+        driver's ``retired`` event.
+        """
+        self._disarm()
+        out: list[Record[T]] = []
+        told: list[Verdict] = [] if said is None else said
+        for slot in list(self.slots.values()):
+            live = slot.live
+            if live is None:
+                continue
+            retired, more, state, box = self._retire(slot, live, None)
+            owed = (*self.owed, *more)
+            counts = self._counted("close_all")
+            end = len(told)
+            stores(
+                (slot, "live", None),
+                (slot, "retired", retired),
+                (slot, "deferred", None),
+                (slot, "cause", "close_all"),
+                (box, "state", state),
+                (self, "owed", owed),
+                (self, "retirements", counts),
+                items=(
+                    (told, slice(end, end), (self._said(live, "close_all"),)),
+                ),
+            )
+            out.extend(more)
+        # Retired clients that only objects made from them hold open (see
+        # _dependents) close now; those a lease holds wait for it.
+        for slot in list(self.slots.values()):
+            held = [
+                r
+                for r in slot.retired
+                if r.leases == r.dependents and not r.pins
+            ]
+            if not held:
+                continue
+            rest = tuple(r for r in slot.retired if r not in held)
+            stores(
+                (slot, "retired", rest),
+                *((r, "state", ClientState.CLOSED) for r in held),
+                (self, "owed", (*self.owed, *held)),
+            )
+            out.extend(held)
+        doomed[:] = out
+
+    @locked
+    def claim(
+        self, record: Record[Any], taken: list[Record[Any]] | None = None
+    ) -> bool:
+        """Take *record*'s owed close; False if another close took it.
+
+        With *taken*, the record goes there in the commit that takes it: a
+        signal's exception can land after this returns and before its
+        caller sees True (when the lock's release returns), and the caller
+        still knows it holds the close (see ``Closer._start``).
+        """
+        owed = self.owed
+        rest = tuple(r for r in owed if r is not record)
+        if len(rest) == len(owed):
+            return False
+        if taken is None:
+            stores(
+                (self, "owed", rest),
+            )
+            return True
+        stores(
+            (self, "owed", rest),
+            items=((taken, ALL, (record,)),),
+        )
+        return True
+
+    @locked
+    def owe(self, record: Record[Any]) -> None:
+        """Owe *record*'s close again: claimed, it never began."""
+        if not self.owes(record):
+            self.owed = (*self.owed, record)
+
+    def owes(self, record: Record[Any]) -> bool:
+        """Whether *record*'s close is owed: decided, not yet claimed."""
+        return any(r is record for r in self.owed)
+
+    def owed_besides(self, doomed: list[Record[Any]]) -> list[Record[Any]]:
+        """The closes owed from before that are not among *doomed* (I5).
+
+        Lock-free: ``owed`` is replaced in one store. A driver closes these
+        with *doomed*: each close claims its record, so none runs twice.
+        """
+        return [r for r in self.owed if all(r is not d for d in doomed)]
+
+    def holds_on(self, loop: object) -> bool:
+        """Whether *loop*'s slot has a client live or owed a close.
+
+        The async driver keys an event loop's slot by ``id(loop)``; a slot
+        left by a collected loop whose id was reused is not *loop*'s.
+        Lock-free: each attribute is read once.
+        """
+        slot = self.slots.get(id(loop))
+        if slot is None or slot.loop is None or slot.loop() is not loop:
+            return False
+        return slot.live is not None or any(r.slot is slot for r in self.owed)
+
+    def holders(self) -> list[Record[Any]]:
+        """The records holding a client: each slot's live and retired ones.
+
+        Lock-free: the slots and each slot's retired records are copied in
+        one C call before they are read.
+        """
+        return [
+            record
+            for slot in list(self.slots.values())
+            for record in (slot.live, *slot.retired)
+            if record is not None
+        ]
+
+    def census(self) -> tuple[int, int, int, int]:
+        """Clients live and retired, leases and clients held open, now.
+
+        For the metrics' observers. Lock-free: the slots and each slot's
+        retired records are copied in one C call before they are read.
+        """
+        slots = list(self.slots.values())
+        records = self.holders()
+        return (
+            sum(slot.live is not None for slot in slots),
+            sum(len(slot.retired) for slot in slots),
+            sum(r.leases - r.dependents + len(r.pins) for r in records),
+            sum(1 for r in records if r.dependents and r.is_retired()),
+        )
+
+    @locked
+    def closed(self, *, ok: bool) -> None:
+        """Count a close that ran (*ok*) or failed."""
+        if ok:
+            self.closes += 1
+        else:
+            self.close_failures += 1
+
+    # -- healing -------------------------------------------------------------
+    # Retirements that heal (retire(), retire_on, a failed probe, max_age)
+    # and their backoff, deferrals (the backoff's, and a reset's inside
+    # min_rebuild_interval), ageing and probes. The state is the slot's:
+    # spacing, deferred (a Deferral) and probe (a ProbeDue or a Probing),
+    # each replaced whole in a transition's commit. The driver half (its
+    # timers, running a probe) is poolkeeper._healing.
+
+    def has_timers(self) -> bool:
+        """Whether each build starts timers: *max_age* or *check* is set.
+
+        Lock-free: both are set once, by the decorator, before any call.
+        """
+        return self.max_age is not None or self.check_every is not None
+
+    @locked
     def reset(
         self, slot: Slot, now: float, doomed: list[Record[T]]
     ) -> Verdict | None:
@@ -998,15 +1197,15 @@ class Lifecycle(Generic[T]):
         return self.heal(slot, live.client, "max_age", None, now, doomed)
 
     @locked
-    def due(self, slot: Slot, sequence: int, checks: int) -> bool:
+    def due(self, slot: Slot, sequence: int, count: int) -> bool:
         """Mark record *sequence*'s probe due; False if it is not live.
 
-        The end of its *check_every* timer, armed when the record had
-        *checks* probes reported: a timer from before a later report (a
+        The end of its *check_every* timer, started when the record had
+        *count* probes reported: a timer from before a later report (a
         probe cut short, then run again) does nothing. Disarms the hit
         path first, so that the next call asks ``request``, which hands
-        out the probe. The timer of the probe after one being run (armed
-        before its report, *checks* one more than reported) that ends
+        out the probe. The timer of the probe after one being run (started
+        before its report, *count* one more than reported) that ends
         before that report makes the probe due once it is reported.
         """
         live = slot.live
@@ -1017,9 +1216,9 @@ class Lifecycle(Generic[T]):
         ):
             return False
         probe = slot.probe
-        if live.checks != checks:
+        if live.probes != count:
             if (
-                live.checks + 1 != checks
+                live.probes + 1 != count
                 or type(probe) is not Probing
                 or probe.sequence != sequence
             ):
@@ -1078,11 +1277,11 @@ class Lifecycle(Generic[T]):
         probes = self.probes + (ok is not None)
         failures = self.probe_failures + (ok is False)
         leases = record.leases - 1
-        checks = record.checks + 1
+        reported = record.probes + 1
         if leases or record.pins or record.state is not ClientState.RETIRED:
             stores(
                 (record, "leases", leases),
-                (record, "checks", checks),
+                (record, "probes", reported),
                 (record, "prober", None),
                 (slot, "probe", state),
                 (self, "probes", probes),
@@ -1094,7 +1293,7 @@ class Lifecycle(Generic[T]):
             owed = (*self.owed, *out)
             stores(
                 (record, "leases", 0),
-                (record, "checks", checks),
+                (record, "probes", reported),
                 (record, "prober", None),
                 (record, "state", ClientState.CLOSED),
                 (slot, "retired", retired),
@@ -1223,138 +1422,6 @@ class Lifecycle(Generic[T]):
             backoff=(before, spacing) if reason in HEALING else None,
         )
 
-    @locked
-    def detach(
-        self, doomed: list[Record[T]], said: list[Verdict] | None = None
-    ) -> None:
-        """Retire every slot's live client, ignoring the rate limit.
-
-        Doom those no lease holds (objects made from them do not hold them
-        past this), and the retired ones that only such objects hold.
-
-        Each retirement's verdict goes to *said* in its commit, for the
-        driver's ``retired`` event.
-        """
-        self._disarm()
-        out: list[Record[T]] = []
-        told: list[Verdict] = [] if said is None else said
-        for slot in list(self.slots.values()):
-            live = slot.live
-            if live is None:
-                continue
-            retired, more, state, box = self._retire(slot, live, None)
-            owed = (*self.owed, *more)
-            counts = self._counted("close_all")
-            end = len(told)
-            stores(
-                (slot, "live", None),
-                (slot, "retired", retired),
-                (slot, "deferred", None),
-                (slot, "cause", "close_all"),
-                (box, "state", state),
-                (self, "owed", owed),
-                (self, "retirements", counts),
-                items=(
-                    (told, slice(end, end), (self._said(live, "close_all"),)),
-                ),
-            )
-            out.extend(more)
-        # Retired clients that only objects made from them hold open (see
-        # _dependents) close now; those a lease holds wait for it.
-        for slot in list(self.slots.values()):
-            held = [
-                r
-                for r in slot.retired
-                if r.leases == r.dependents and not r.pins
-            ]
-            if not held:
-                continue
-            rest = tuple(r for r in slot.retired if r not in held)
-            stores(
-                (slot, "retired", rest),
-                *((r, "state", ClientState.CLOSED) for r in held),
-                (self, "owed", (*self.owed, *held)),
-            )
-            out.extend(held)
-        doomed[:] = out
-
-    @locked
-    def claim(
-        self, record: Record[Any], taken: list[Record[Any]] | None = None
-    ) -> bool:
-        """Take *record*'s owed close; False if another close took it.
-
-        With *taken*, the record goes there in the commit that takes it: a
-        signal's exception can land after this returns and before its
-        caller sees True (when the lock's release returns), and the caller
-        still knows it holds the close (see ``Closer._start``).
-        """
-        owed = self.owed
-        rest = tuple(r for r in owed if r is not record)
-        if len(rest) == len(owed):
-            return False
-        if taken is None:
-            stores(
-                (self, "owed", rest),
-            )
-            return True
-        stores(
-            (self, "owed", rest),
-            items=((taken, ALL, (record,)),),
-        )
-        return True
-
-    @locked
-    def owe(self, record: Record[Any]) -> None:
-        """Owe *record*'s close again: claimed, it never began."""
-        if not self.owes(record):
-            self.owed = (*self.owed, record)
-
-    def owes(self, record: Record[Any]) -> bool:
-        """Whether *record*'s close is owed: decided, not yet claimed."""
-        return any(r is record for r in self.owed)
-
-    def owed_besides(self, doomed: list[Record[Any]]) -> list[Record[Any]]:
-        """The closes owed from before that are not among *doomed* (I5).
-
-        Lock-free: ``owed`` is replaced in one store. A driver closes these
-        with *doomed*: each close claims its record, so none runs twice.
-        """
-        return [r for r in self.owed if all(r is not d for d in doomed)]
-
-    def holds_on(self, loop: object) -> bool:
-        """Whether *loop*'s slot has a client live or owed a close.
-
-        The async driver keys an event loop's slot by ``id(loop)``; a slot
-        left by a collected loop whose id was reused is not *loop*'s.
-        Lock-free: each attribute is read once.
-        """
-        slot = self.slots.get(id(loop))
-        if slot is None or slot.loop is None or slot.loop() is not loop:
-            return False
-        return slot.live is not None or any(r.slot is slot for r in self.owed)
-
-    def holders(self) -> list[Record[Any]]:
-        """The records holding a client: each slot's live and retired ones.
-
-        Lock-free: the slots and each slot's retired records are copied in
-        one C call before they are read.
-        """
-        return [
-            record
-            for slot in list(self.slots.values())
-            for record in (slot.live, *slot.retired)
-            if record is not None
-        ]
-
-    @locked
-    def closed(self, *, ok: bool) -> None:
-        """Count a close that ran (*ok*) or failed."""
-        if ok:
-            self.closes += 1
-        else:
-            self.close_failures += 1
-
     # -- changes and overrides -----------------------------------------------
 
     def invalidate(self) -> None:
@@ -1444,7 +1511,7 @@ class Lifecycle(Generic[T]):
         if keep:
             self.pid = os.getpid()
             # A probe in flight ran on a thread the child does not have
-            # (one that forked inside its own check reports into a
+            # (one that forked inside its own probe reports into a
             # record no longer held, and probed() ignores it): give back
             # its hold, so that the kept client closes when retired here,
             # and make the probe due again, for the child's next call.

@@ -43,8 +43,8 @@ import weakref
 from asyncio import _get_running_loop
 from typing import TYPE_CHECKING, Any, cast, final
 
-from poolkeeper._builds import say
 from poolkeeper._close import arun_each
+from poolkeeper._events import say
 from poolkeeper._identity import no_arguments
 
 if TYPE_CHECKING:

@@ -99,18 +99,7 @@ def census() -> list[tuple[str, int, int, int, int]]:
     rows: dict[str, tuple[int, int, int, int]] = {}
     for entry in list(_entries):
         life = entry.life
-        slots = list(life.slots.values())
-        records = life.holders()
-        row = (
-            sum(slot.live is not None for slot in slots),
-            sum(len(slot.retired) for slot in slots),
-            sum(r.leases - r.dependents + len(r.pins) for r in records),
-            sum(
-                1
-                for r in records
-                if r.dependents and r.state is ClientState.RETIRED
-            ),
-        )
+        row = life.census()
         a, b, c, d = rows.get(life.name, (0, 0, 0, 0))
         rows[life.name] = (row[0] + a, row[1] + b, row[2] + c, row[3] + d)
     return [(name, *row) for name, row in rows.items()]
@@ -218,7 +207,7 @@ def _detach(
 
 
 def _say(said: list[tuple[str, Verdict]]) -> None:
-    run_each(functools.partial(_builds.say, *pair) for pair in said)
+    run_each(functools.partial(_events.say, *pair) for pair in said)
 
 
 def _close(entries: list[Entry]) -> None:

@@ -18,7 +18,7 @@ from helpers import WAIT, Factory, FakeClient, fork_and_check, wait_until
 from test_hit_frames import frames_of
 
 import poolkeeper
-from poolkeeper import _builds, _lifecycle, _timers, process_singleton
+from poolkeeper import _healing, _lifecycle, _timers, process_singleton
 from poolkeeper._records import ProbeDue
 
 #: Slack for a busy machine (2 cores shared with other agents).
@@ -88,7 +88,7 @@ class TestMaxAge:
         assert 2 == stats.builds
 
     def test_jitter_spreads_deadlines_up_to_ten_percent(self):
-        limits = [_builds.age_limit(100.0) for _ in range(2000)]
+        limits = [_healing.age_limit(100.0) for _ in range(2000)]
         assert all(100.0 <= x <= 110.0 for x in limits)
         assert max(limits) - min(limits) > 5.0
 
@@ -507,16 +507,16 @@ class TestTimersEndWithTheirClient:
         assert wait_until(lambda: timers() == 0)
 
     def test_a_stale_probe_timer_does_nothing(self):
-        """A timer armed for an earlier probe count is moot."""
+        """A timer started for an earlier probe count is moot."""
         single = process_singleton(check=lambda c: True, check_every=3600)(
             Factory()
         )
         single()
         life, slot = single._self_life, single._self_slot
         record = slot.live
-        assert not life.due(slot, record.sequence, record.checks + 1)
+        assert not life.due(slot, record.sequence, record.probes + 1)
         assert slot.probe is None
-        assert life.due(slot, record.sequence, record.checks)
+        assert life.due(slot, record.sequence, record.probes)
         assert ProbeDue(record.sequence) == slot.probe
 
 

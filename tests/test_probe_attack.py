@@ -68,7 +68,7 @@ HOUR = 3600.0
 def _due(single, slot) -> None:
     """Make the live client's probe due now, as its timer would."""
     live = slot.live
-    assert single._self_life.due(slot, live.sequence, live.checks)
+    assert single._self_life.due(slot, live.sequence, live.probes)
 
 
 async def _until(predicate, timeout: float = WAIT) -> bool:
@@ -312,7 +312,7 @@ class TestNextProbeTimerEndsFirst:
         old = single()
         slot = single._self_slot
         assert wait_until(lambda: slot.probe is not None)
-        pause = Pause("probe", "verdict = _probed(")
+        pause = Pause("run_probe", "verdict = _report(")
         caller, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)
         timer = slot.live.timers["probe"]
