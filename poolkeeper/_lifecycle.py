@@ -42,8 +42,9 @@ I6. Fork. ``forget_parent`` takes no lock (another thread may have held
     it at the fork), logs nothing and never raises.
 
 Lock-free decisions are this module's, as named queries (``override``,
-``owed_besides``, ``holds_on``, ``holders``, ``census``, ``build_cause``,
-``has_timers``; ``Record.matches``, ``is_closed``, ``is_retired``), except
+``owed_besides``, ``holds_on``, ``holders``, ``ended_slots``, ``census``,
+``build_cause``, ``has_timers``; ``Record.matches``, ``is_closed``,
+``is_retired``, ``is_abandoned``), except
 those on hot paths, which read the records inline because a call there
 would add a Python frame to every call:
 
@@ -1037,6 +1038,18 @@ class Lifecycle(Generic[T]):
         if slot is None or slot.loop is None or slot.loop() is not loop:
             return False
         return slot.live is not None or any(r.slot is slot for r in self.owed)
+
+    def ended_slots(self) -> list[Slot]:
+        """The event loops' slots whose loop was closed or collected.
+
+        Lock-free: the slots are copied in one C call before they are read.
+        """
+        ended: list[Slot] = []
+        for slot in list(self.slots.values()):
+            loop = None if slot.loop is None else slot.loop()
+            if slot.loop is not None and (loop is None or loop.is_closed()):
+                ended.append(slot)
+        return ended
 
     def holders(self) -> list[Record[Any]]:
         """The records holding a client: each slot's live and retired ones.

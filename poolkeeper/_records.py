@@ -198,6 +198,10 @@ class Record(Generic[T]):
         """Whether this client is closed (or closing): done with."""
         return self.state is ClientState.CLOSED
 
+    def is_abandoned(self) -> bool:
+        """Whether a forked child abandoned this client (never closed)."""
+        return self.state is ClientState.ABANDONED
+
     def is_retired(self) -> bool:
         """Whether this client is retired and waits for its holders."""
         return self.state is ClientState.RETIRED

@@ -37,7 +37,6 @@ from poolkeeper._close import (
     run_each,
 )
 from poolkeeper._lease import loosen
-from poolkeeper._lifecycle import ClientState
 from poolkeeper._records import Slot, is_owned, under
 from poolkeeper.exceptions import PoolkeeperWarning
 
@@ -400,7 +399,7 @@ def _abandon(entry: Entry, record: Record[Any]) -> None:
     hook = entry.after_fork
     if hook is None:  # An adapter's, learnt at the build (a dict read).
         hook = _adapters.inherited(record.client)
-    if hook is None or record.state is not ClientState.ABANDONED:
+    if hook is None or not record.is_abandoned():
         return
     notes: list[str] = []
     fork_notes = notes
