@@ -1,9 +1,10 @@
-"""Which poolkeeper modules run for one call, rebuild, fork and loop end.
+"""Which poolkeeper modules run for a call, a rebuild, a fork, a healing.
 
 A reader's walk through the source follows the code that runs: this prints,
-for four scenarios, the poolkeeper modules with a Python frame executed
-(``sys.settrace`` in the calling thread; a fork's child reports its own),
-the count first. ``docs/core-concepts.md`` walks the same four by hand.
+for seven scenarios, the poolkeeper modules with a Python frame executed
+(``sys.setprofile`` in the calling thread, ``threading.setprofile`` in the
+threads started meanwhile; a fork's child reports its own), the count
+first. ``docs/core-concepts.md`` walks the same seven by hand.
 
     .venv/bin/python benchmarks/walks.py [--json]
 
@@ -11,7 +12,12 @@ The scenarios: a call of a built singleton (no key: the armed hit path); a
 call after a watched environment write (the write, then the rebuild that
 the call runs, closing the old client); a fork (what the child runs at the
 fork; its first call then builds as any first call does); an async loop end
-(``asyncio.run()`` returning, its loop's client closed on it).
+(``asyncio.run()`` returning, its loop's client closed on it); a healing
+retirement (``retire()`` of the live client, closed at once: the first
+healing retirement has no backoff); a ``max_age`` expiry (the client's age
+timer ending, on the timer thread's worker, until the client is closed);
+a ``check=`` probe (the call that finds the live client's probe due, runs
+the probe and is served the client).
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,12 +133,61 @@ async def _make_async() -> Client:
     return Client()
 
 
+class Closing(Client):
+    """A client that says when it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        """Say so."""
+        self.closed.set()
+
+
+def healing() -> list[str]:
+    single = process_singleton(Closing)
+    client = single()
+    return _modules(lambda: single.retire(client))
+
+
+def expiry() -> list[str]:
+    single = process_singleton(max_age=0.2)(Closing)
+    client = single()
+    seen: set[str] = set()
+    # The timer thread runs before this (the build started it); the age
+    # timer's callback runs on a worker it starts at the deadline.
+    threading.setprofile(_tracer(seen))
+    try:
+        if not client.closed.wait(10.0):
+            msg = "the max_age timer never closed the client"
+            raise RuntimeError(msg)
+    finally:
+        threading.setprofile(None)
+    return sorted(seen)
+
+
+def probe() -> list[str]:
+    single = process_singleton(check=bool, check_every=0.05)(Closing)
+    single()
+    slot = single._self_slot
+    deadline = time.monotonic() + 10.0
+    while slot.probe is None:  # Made due by the probe timer.
+        if time.monotonic() > deadline:
+            msg = "the probe never came due"
+            raise RuntimeError(msg)
+        time.sleep(0.01)
+    return _modules(single)
+
+
 #: Each walk: its name, and the function that measures it.
 WALKS: tuple[tuple[str, Callable[[], list[str]]], ...] = (
     ("call of a built singleton", hit),
     ("rebuild after an environment write", rebuild),
     ("fork (the child's fork hook)", fork),
     ("async loop end", loop_end),
+    ("healing retirement", healing),
+    ("max_age expiry", expiry),
+    ("check= probe", probe),
 )
 
 
@@ -150,6 +208,8 @@ def _alone(walk: Callable[[], list[str]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     """Print each walk: its count, then its modules (--json: a mapping)."""
+    # The healing walks' WARNING records, kept off stderr.
+    logging.getLogger("poolkeeper").addHandler(logging.NullHandler())
     found = {name: _alone(walk) for name, walk in WALKS}
     if "--json" in (sys.argv[1:] if argv is None else argv):
         print(json.dumps(found))

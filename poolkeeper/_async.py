@@ -19,24 +19,25 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
 
 import wrapt
 
+from poolkeeper import _events as events
 from poolkeeper import _loops
 from poolkeeper._builds import (
     BuildRun,
     aended,
-    aprobe,
-    armed_timers,
     building,
-    error_name,
-    log,
-    monotonic,
     read_key,
     report,
-    say,
-    settle,
-    unprobe,
     waiting,
 )
 from poolkeeper._close import _LOOP_HINT, Closer, aclose_here, arun_each
+from poolkeeper._healing import (
+    arun_probe,
+    error_name,
+    give_back,
+    monotonic,
+    schedule,
+    start_timers,
+)
 from poolkeeper._identity import (
     Identity,
     no_arguments,
@@ -86,7 +87,6 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     _self_life: Lifecycle[T]
     _self_closer: Closer
     _self_retire_on: Callable[[BaseException], bool] | None
-    _self_check: Callable[[Any], object] | None
     # (epoch, slot, sequence): the slot's record built *sequence*-th
     # matched the key read at *epoch* (see _get).
     _self_seen: tuple[int, Slot | None, int]
@@ -223,10 +223,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                     case Probe(record=record):
                         # As in the sync driver: this task probes, and
                         # returns the client only if it is still live.
-                        check = self._self_check
-                        if check is not None and await aprobe(
-                            life, self._self_closer, record, check
-                        ):
+                        if await arun_probe(life, self._self_closer, record):
                             continue
                         if life.still_live(record):
                             return record
@@ -253,7 +250,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                 if done is not None and life.settle_unbegun(asked[0], done):
                     done.set_result(None)
             finally:
-                unprobe(life, self._self_closer, asked[0], done)
+                give_back(life, self._self_closer, asked[0], done)
             raise
 
     async def _build(
@@ -277,8 +274,10 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
                     report(self._self_name, run, is_async=True)
                 finally:
                     await self._close(run.doomed)
-        if ticket.record is not None:  # pragma: no branch -- injected.
-            armed_timers(self._self_life, self._self_closer, ticket.record)
+        life = self._self_life
+        # Without max_age or check, healing's module runs nothing here.
+        if ticket.record is not None and life.has_timers():
+            start_timers(life, self._self_closer, ticket.record)
 
     async def _close(self, doomed: list[Record[T]]) -> None:
         closer = self._self_closer
@@ -308,7 +307,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             verdict = life.reset(slot, now, doomed)
         finally:
             await self._said(verdict, doomed)
-        return settle(life, self._self_closer, slot, verdict)
+        return schedule(life, self._self_closer, slot, verdict)
 
     async def retire(self, client: T) -> bool:
         """Retire *client* if it is still the running loop's live client.
@@ -340,14 +339,14 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             )
         finally:
             await self._said(verdict, doomed)
-        return settle(life, self._self_closer, slot, verdict)
+        return schedule(life, self._self_closer, slot, verdict)
 
     async def _said(
         self, verdict: Verdict | None, doomed: list[Record[T]]
     ) -> None:
         # A retirement is said (retired, or deferred), then closed.
         try:
-            say(self._self_name, verdict)
+            events.say(self._self_name, verdict)
         finally:
             await self._close(doomed)
 
@@ -358,13 +357,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             if matches is not None and matches(error):
                 await self._heal(client, "retire_on", error)
         except Exception as exc:  # noqa: BLE001 -- logged; theirs goes on.
-            log.warning(
-                "Retiring a client of %s on %s failed: %s.",
-                self._self_name,
-                type(error).__name__,
-                type(exc).__name__,
-                extra={"poolkeeper_factory": self._self_name},
-            )
+            events.retire_on_failed(self._self_name, error, exc)
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncGenerator[T, None]:
@@ -395,7 +388,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             # Closed at the yield, never exited: collected (the loop's
             # async generator finalizer) or its loop ended. It ends now.
             # Before the yield (nothing held) it was raised by the factory
-            # or a check: the caller's, said by nothing here.
+            # or a probe: the caller's, said by nothing here.
             if held:
                 warn_dropped(self._self_name)
             raise

@@ -53,40 +53,29 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import functools
 import inspect
 import itertools
-import logging
-import random
 import sys
 import threading
-import time
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from poolkeeper import _adapters
 from poolkeeper import _events as events
-from poolkeeper._close import close_soon, run_each
 from poolkeeper._identity import (
     evaluate_key,
     hash_key,
     key_fingerprint,
 )
-from poolkeeper._lease import loosen
-from poolkeeper._records import ClientState, under
-from poolkeeper._timers import WORKER_NAME, Timer
+from poolkeeper._records import under
 from poolkeeper.exceptions import ReentrantBuildError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
     from types import TracebackType
 
-    from poolkeeper._close import Closer
-    from poolkeeper._lifecycle import Lifecycle, Record, Slot, Ticket
-    from poolkeeper._records import Verdict
+    from poolkeeper._lifecycle import Lifecycle, Record, Ticket
 
 T = TypeVar("T")
-
-log = logging.getLogger("poolkeeper")
 
 #: No value yet: no client built, no key read.
 NOTHING: Final[Any] = object()
@@ -132,10 +121,7 @@ class BuildRun(Generic[T]):
         #: The records the build retired: the driver closes them.
         self.doomed: list[Record[T]] = []
         #: Why it builds (see report()), and when it began on *clock*.
-        slot = ticket.slot
-        self.reason = (
-            "key" if slot.live is not None else slot.cause or events.FIRST
-        )
+        self.reason = life.build_cause(ticket.slot) or events.FIRST
         self.started = clock()
 
     def __enter__(self) -> None:
@@ -213,7 +199,7 @@ def report(name: str, run: BuildRun[Any], *, is_async: bool) -> None:
     """
     ticket = run.ticket
     duration = run.clock() - run.started
-    forked(run.life)
+    events.forked(run.life)
     record = ticket.record
     if record is not None:
         # Off the hit path: adapters' hooks for the client's type are
@@ -227,7 +213,7 @@ def report(name: str, run: BuildRun[Any], *, is_async: bool) -> None:
             duration,
             is_async=is_async,
         )
-        say(name, ticket.retired)
+        events.say(name, ticket.retired)
         return
     error = sys.exc_info()[1]
     if error is not None and not isinstance(error, asyncio.CancelledError):
@@ -365,377 +351,3 @@ def forget() -> None:
     global _lock  # noqa: PLW0603 -- replaced, never shared with the parent.
     _lock = threading.RLock()
     _waiting.clear()
-
-
-# -- healing ------------------------------------------------------------
-#
-# A retirement decided by the lifecycle (heal, reset, carry_out) comes
-# back as a Verdict: the driver says it (say: retired, or deferred),
-# then closes what it retired (with no lock held), and arms a timer for a
-# retirement deferred by the backoff or min_rebuild_interval. The timer
-# is a daemon thread holding the lifecycle, its closer and the slot,
-# never the singleton; a forked child has none of its parent's threads,
-# and forget_parent drops what they were for.
-
-#: Names the threads that carry out a timer's retirement (see _timers).
-TIMER_NAME: Final = WORKER_NAME
-
-
-def error_name(error: BaseException | None) -> str | None:
-    """The type name of *error*, never its message (it may hold secrets)."""
-    return None if error is None else type(error).__name__
-
-
-def settle(
-    life: Lifecycle[Any], closer: Closer, slot: Slot, verdict: Verdict | None
-) -> bool:
-    """Arm *verdict*'s timer; return whether it retired now.
-
-    The driver said *verdict* before it closed what it retired (``say``).
-    """
-    if verdict is None:
-        return False
-    if not verdict.retired and verdict.delay is not None:
-        Timer(
-            verdict.delay,
-            carry_out,
-            life,
-            closer,
-            slot,
-            verdict.sequence,
-            owner=slot,
-        )
-    return verdict.retired
-
-
-def carry_out(
-    life: Lifecycle[Any], closer: Closer, slot: Slot, sequence: int
-) -> None:
-    """A timer's end: carry out the retirement deferred for *sequence*.
-
-    On the timer's thread, which no caller waits for: a sync client is
-    closed here, an async one on its own loop (``close_soon``).
-    """
-    doomed: list[Record[Any]] = []
-    verdict: Verdict | None = None
-    try:
-        verdict = life.carry_out(slot, sequence, doomed)
-    finally:
-        closing(life, closer, verdict, doomed)
-
-
-def closing(
-    life: Lifecycle[Any],
-    closer: Closer,
-    verdict: Verdict | None,
-    doomed: list[Record[Any]],
-) -> None:
-    """Say *verdict*, then close *doomed* (on its loop, for async ones).
-
-    A timer's or a probe's: no caller waits for an async client's close.
-    """
-    try:
-        say(life.name, verdict)
-    finally:
-        run_each(
-            (
-                *(functools.partial(close_soon, closer, r) for r in doomed),
-                functools.partial(loosen, life),
-            )
-        )
-
-
-# -- ageing and probing ------------------------------------------------
-#
-# max_age and check arm timers of the same kind (daemon, TIMER_NAME,
-# holding the lifecycle, its closer and the slot), never a clock read on
-# the hit path: at each build (armed), the record's max_age timer, whose
-# end retires it (expire), and its check timer, whose end marks its probe
-# due (due), which disarms the hit path until a call probes it (probe).
-
-#: max_age's deadline is spread by up to this fraction, at random: a
-#: client lives max_age * (1 + uniform(0, MAX_AGE_JITTER)) seconds.
-MAX_AGE_JITTER: Final = 0.1
-
-#: check_every's default, in seconds, when *check* is given without it.
-CHECK_EVERY: Final = 30.0
-
-
-def age_limit(max_age: float) -> float:
-    """*max_age* with its jitter: the life of one client, in seconds."""
-    return max_age * (1.0 + random.uniform(0.0, MAX_AGE_JITTER))  # noqa: S311
-
-
-def armed_timers(
-    life: Lifecycle[Any], closer: Closer, record: Record[Any]
-) -> None:
-    """After a build made *record* live: arm its max_age and check timers.
-
-    The record keeps them: its close cancels them (``Closer``), so that a
-    retired client leaves no timer thread waiting for its deadline.
-    """
-    slot, sequence, timers = record.slot, record.sequence, record.timers
-    if life.max_age is not None:
-        timers["age"] = Timer(
-            age_limit(life.max_age),
-            expire,
-            life,
-            closer,
-            slot,
-            sequence,
-            owner=slot,
-        )
-    if life.check_every is not None:
-        timers["probe"] = Timer(
-            life.check_every,
-            life.due,
-            slot,
-            sequence,
-            0,
-            inline=True,
-            owner=slot,
-        )
-    if record.state is ClientState.CLOSED:
-        record.cancel_timers()  # Closed meanwhile, maybe before they were.
-
-
-def expire(
-    life: Lifecycle[Any], closer: Closer, slot: Slot, sequence: int
-) -> None:
-    """A max_age timer's end: retire record *sequence* if still live."""
-    doomed: list[Record[Any]] = []
-    verdict: Verdict | None = None
-    try:
-        verdict = life.expire(slot, sequence, monotonic(), doomed)
-    finally:
-        closing(life, closer, verdict, doomed)
-    settle(life, closer, slot, verdict)
-
-
-def probe(
-    life: Lifecycle[Any],
-    closer: Closer,
-    record: Record[Any],
-    check: Callable[[Any], object],
-) -> bool:
-    """Run *check* on *record*'s client, held for it; report; settle.
-
-    No lock is held while the probe runs. A probe that raises an
-    ``Exception`` failed; any other exception (``KeyboardInterrupt``)
-    propagates once the probe is reported as cut short (due again).
-    Returns whether the client was retired now.
-    """
-    answer: list[object] = [None, None]
-    count = record.checks + 1  # Once this probe is reported.
-    try:
-        try:
-            result = check(record.client)
-            awaitable = inspect.isawaitable(result)
-            if not awaitable:
-                answer[:] = bool(result), None
-        except Exception as err:  # noqa: BLE001 -- a failed probe.
-            answer[:] = False, err
-        else:
-            if awaitable:
-                # A bad check, not a bad client: cut short, said loudly.
-                raise _cannot_await(life.name, result)
-    finally:
-        _next_probe(life, record, count)
-        verdict = _probed(life, closer, record, *answer)
-    return settle(life, closer, record.slot, verdict)
-
-
-async def aprobe(
-    life: Lifecycle[Any],
-    closer: Closer,
-    record: Record[Any],
-    check: Callable[[Any], object],
-) -> bool:
-    """:func:`probe` on an event loop: an awaitable answer is awaited.
-
-    Other tasks of the loop are served meanwhile; a cancellation cuts the
-    probe short, as a ``KeyboardInterrupt`` does in :func:`probe`.
-    """
-    answer: list[object] = [None, None]
-    count = record.checks + 1  # Once this probe is reported.
-    try:
-        try:
-            result = check(record.client)
-            if inspect.isawaitable(result):
-                result = await result
-            answer[:] = bool(result), None
-        except Exception as err:  # noqa: BLE001 -- a failed probe.
-            answer[:] = False, err
-    finally:
-        _next_probe(life, record, count)
-        verdict = _probed(life, closer, record, *answer)
-    return settle(life, closer, record.slot, verdict)
-
-
-def unprobe(
-    life: Lifecycle[Any], closer: Closer, slot: Slot | None, done: object
-) -> None:
-    """A call unwinds: give back a probe it was handed and did not report.
-
-    Asks the lifecycle (under its lock), which finds the record that
-    probe holds, unless *slot* can hold none: no probe, and no retired
-    record (where a held record goes when the slot moves on from it,
-    see ``Lifecycle.probed``). Lock-free, with no Python frame: this is
-    every call's way out by an exception.
-    """
-    if (
-        slot is None
-        or done is None
-        or (slot.probe is None and not slot.retired)
-    ):
-        return
-    doomed: list[Record[Any]] = []
-    try:
-        life.unprobe(slot, done, doomed)
-    finally:
-        closing(life, closer, None, doomed)
-
-
-def _cannot_await(name: str, result: object) -> TypeError:
-    """The error for a thread singleton's probe that returned an awaitable."""
-    if inspect.iscoroutine(result):
-        result.close()  # Never awaited: no "never awaited" warning.
-    msg = (
-        f"process_singleton(check=...) for {name} returned an awaitable, "
-        f"but {name} is a thread singleton: its probe must answer at once. "
-        "Pass a plain function client -> bool."
-    )
-    return TypeError(msg)
-
-
-def _probed(
-    life: Lifecycle[Any],
-    closer: Closer,
-    record: Record[Any],
-    ok: object,
-    error: object,
-) -> Verdict | None:
-    """Report a probe's answer (None: cut short); say, then close."""
-    doomed: list[Record[Any]] = []
-    verdict: Verdict | None = None
-    try:
-        verdict = life.probed(
-            record.slot,
-            record,
-            cast("bool | None", ok),
-            error_name(cast("BaseException | None", error)),
-            monotonic(),
-            doomed,
-        )
-    finally:
-        closing(life, closer, verdict, doomed)
-    return verdict
-
-
-def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
-    """Arm the next probe of *record*, before this one is reported.
-
-    Armed first, so that nothing cut between the report and the arming
-    can stop the probes of a live client; a probe cut short before it is
-    armed is due again for the next call instead. The timer acts only if
-    the record then has *count* probes reported, so that a probe repeated
-    after a cut starts no second cycle of probes. A timer that finds the
-    client retired does nothing.
-    """
-    if life.check_every is not None:
-        record.timers["probe"] = Timer(
-            life.check_every,
-            life.due,
-            record.slot,
-            record.sequence,
-            count,
-            inline=True,
-            owner=record.slot,
-        )
-        if record.state is ClientState.CLOSED:
-            record.cancel_timers()  # Closed meanwhile, as armed_timers.
-
-
-def say(name: str, verdict: Verdict | None) -> None:
-    """Send *verdict*'s events: retired now, or deferred by the backoff.
-
-    Every retirement's ``retired`` event is sent here, once, by the driver
-    that carries it out, before it closes the client. A healing
-    retirement starts the backoff (said in its ``retired`` record); one
-    deferred by it lengthens it: the backoff is engaged. One whose client
-    outlived it shortens it again: the backoff is reset.
-    """
-    if verdict is None:
-        return
-    if verdict.retired:
-        before, after = verdict.backoff or (0.0, 0.0)
-        events.retired(
-            name,
-            verdict.key,
-            verdict.reason,
-            verdict.error,
-            verdict.age,
-            backoff=after,
-        )
-        if after > before > 0:
-            events.backoff_engaged(name, verdict.key, after, before)
-        elif after < before:
-            events.backoff_reset(name, verdict.key, after, before)
-    elif verdict.delay is not None:
-        events.deferred(name, verdict.key, verdict.reason, verdict.delay)
-
-
-def forked(life: Lifecycle[Any]) -> None:
-    """In a forked child: say the fork's retirements, once.
-
-    The at-fork hook logs nothing (I6): the lifecycle keeps them
-    (``Lifecycle.forked``) until the child's first build, or its
-    ``close_all()``, says them here. Off the hit path.
-    """
-    if life.forked:
-        for verdict in life.take_forked():
-            say(life.name, verdict)
-
-
-def matcher(
-    name: str, retire_on: object
-) -> Callable[[BaseException], bool] | None:
-    """Return *retire_on* (validated) as ``exc -> bool``, or None.
-
-    A predicate that raises an ``Exception`` is logged and means "no
-    match": the exception being handled propagates unchanged.
-    """
-    if retire_on is None:
-        return None
-    if isinstance(retire_on, (type, tuple)):
-        types = cast("type | tuple[type, ...]", retire_on)
-
-        def matches_types(exc: BaseException) -> bool:
-            return isinstance(exc, types)
-
-        return matches_types
-    predicate = cast("Callable[[BaseException], object]", retire_on)
-
-    def matches(exc: BaseException) -> bool:
-        try:
-            return bool(predicate(exc))
-        except Exception as err:  # noqa: BLE001 -- logged, no match.
-            log.warning(
-                "The retire_on predicate of %s raised %s on %s; the "
-                "client is kept.",
-                name,
-                type(err).__name__,
-                type(exc).__name__,
-                extra={
-                    "poolkeeper_factory": name,
-                    "poolkeeper_error_type": type(err).__name__,
-                },
-            )
-            return False
-
-    return matches
-
-
-def monotonic() -> float:
-    """The clock of healing decisions (ages, the backoff)."""
-    return time.monotonic()

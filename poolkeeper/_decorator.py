@@ -34,9 +34,9 @@ from typing import (
 
 from poolkeeper import _loops, _registry, _threads, keys
 from poolkeeper._async import AsyncProcessSingleton
-from poolkeeper._builds import CHECK_EVERY, matcher
 from poolkeeper._close import Closer
 from poolkeeper._filekeys import FileKey
+from poolkeeper._healing import CHECK_EVERY, matcher
 from poolkeeper._lease import lease_class
 from poolkeeper._lifecycle import Lifecycle
 from poolkeeper._sync import ProcessSingleton, _slow_call, arm
@@ -246,7 +246,7 @@ def process_singleton(  # noqa: PLR0913 -- every option is keyword-only.
             default: for ever). Each client's deadline is spread by a
             random jitter of up to 10 % (it lives between *max_age* and
             1.1 x *max_age* seconds), so that a fleet of workers does not
-            rebuild in the same second; a timer armed at its build then
+            rebuild in the same second; a timer started at its build then
             retires it (reason ``"max_age"``, a healing retirement: the
             backoff applies), and the next call builds a new one. The hit
             path reads no clock. A lease holding the old client keeps it
@@ -652,8 +652,21 @@ def _combine(
 class Options:
     """A singleton's options, checked: what both drivers are made from.
 
-    A new option is a field here, its check above, and what the lifecycle
-    (or the shared driver code, ``_builds``) does with it.
+    A new healing-type option (as *max_age* and *check*) touches four
+    modules and no driver:
+
+    1. here: its parameter of ``process_singleton``, its check above, its
+       field, and ``_wire`` setting it on the lifecycle;
+    2. ``_lifecycle``: its rule, in the healing section (and
+       ``has_timers``, if each build starts a timer for it);
+    3. ``_records``: the state it keeps in a slot (a frozen record, replaced
+       whole) and its ``Statistics`` fields;
+    4. ``_healing``: what a driver does with it (its timer in
+       ``start_timers``, the callback that timer runs), reading it from the
+       lifecycle.
+
+    The drivers (``_sync``, ``_async``) reach healing only through
+    ``_healing``'s functions and the lifecycle's answers.
     """
 
     name: str
@@ -785,6 +798,8 @@ def _wire(
         arm=arm,
     )
     life.max_age, life.check_every = options.max_age, options.check_every
+    if options.check is not None:
+        life.check = options.check
     closer = closing(life, options.close, is_async=is_async)
     # wrapt keeps attributes named _self_* on the proxy itself.
     single._self_name = options.name
@@ -792,7 +807,6 @@ def _wire(
     single._self_life = life
     single._self_closer = closer
     single._self_retire_on = matcher(options.name, options.retire_on)
-    single._self_check = options.check
     return life, closer
 
 

@@ -32,7 +32,6 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
-from poolkeeper._records import ClientState
 from poolkeeper._timers import Timer
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ class Hold:
 _holds: set[Hold] = set()
 # Holds whose object was collected, for the sweep (appended lock-free).
 _gone: collections.deque[Hold] = collections.deque()
-# Arms the sweep: never taken by a weak reference's callback.
+# Starts the sweep: never taken by a weak reference's callback.
 _lock = threading.Lock()
 _sweeper: Timer | None = None
 # Whether the next sweep is for a retired client (see _interval).
@@ -96,20 +95,20 @@ def hold(
     False when *life* holds no open record of *client* (closed already).
     Raises TypeError, holding nothing, when *obj* takes no weak reference.
     """
-    # Registered (and the sweep armed) before it holds anything: an
+    # Registered (and the sweep started) before it holds anything: an
     # exception landing anywhere in here (a signal's) leaves either no
     # hold, or one that the object's collection releases.
     entry = Hold(life, closer, [])
     entry.ref = weakref.ref(obj, entry.gone)
     _holds.add(entry)
-    _arm()
+    _start_sweep()
     if life.depend(client, entry.held):
         return True
     _holds.discard(entry)
     return False
 
 
-def _arm() -> None:
+def _start_sweep() -> None:
     global _sweeper  # noqa: PLW0603 -- the one sweep of the process.
     with _lock:
         if _sweeper is None or not _sweeper.is_alive():
@@ -147,14 +146,13 @@ def _interval() -> float:
     """SWEEP_SOON while a hold is on a retired client, else SWEEP_EVERY."""
     global _hurried  # noqa: PLW0603 -- the sweep's own.
     _hurried = any(
-        entry.held and entry.held[0].state is ClientState.RETIRED
-        for entry in list(_holds)
+        entry.held and entry.held[0].is_retired() for entry in list(_holds)
     )
     return SWEEP_SOON if _hurried else SWEEP_EVERY
 
 
 def _release(entry: Hold) -> None:
-    from poolkeeper._builds import closing  # noqa: PLC0415 -- import cycle.
+    from poolkeeper._healing import closing  # noqa: PLC0415 -- import cycle.
 
     doomed: list[Record[Any]] = []
     try:

@@ -14,7 +14,7 @@ The drivers, the registry and the closer call these, with no lock held,
 on builds, retirements and closes only: nothing here runs per call or per
 lease. The lifecycle never calls them (it does no I/O); its verdicts say
 what was retired, and the driver that carries a retirement out says it
-(``_builds.say``) before it closes the client. OpenTelemetry is imported
+(:func:`say`) before it closes the client. OpenTelemetry is imported
 on the first event, never by ``import poolkeeper``; without it installed,
 an event costs one cached check. What only the lifecycle holds now
 (clients live and retired; leases) is observed from the registry when a
@@ -44,6 +44,9 @@ if TYPE_CHECKING:
         Meter,
         Observation,
     )
+
+    from poolkeeper._lifecycle import Lifecycle
+    from poolkeeper._records import Verdict
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -269,6 +272,83 @@ def backoff_reset(
             "poolkeeper_backoff": backoff,
             "poolkeeper_backoff_before": before,
         },
+    )
+
+
+# -- verdicts --------------------------------------------------------------
+#
+# A retirement decided by the lifecycle comes back to its driver as a
+# Verdict (retired now, or deferred); the driver says it here, then closes
+# what it retired.
+
+
+def say(name: str, verdict: Verdict | None) -> None:
+    """Send *verdict*'s events: retired now, or deferred by the backoff.
+
+    Every retirement's ``retired`` event is sent here, once, by the driver
+    that carries it out, before it closes the client. A healing
+    retirement starts the backoff (said in its ``retired`` record); one
+    deferred by it lengthens it: the backoff is engaged. One whose client
+    outlived it shortens it again: the backoff is reset.
+    """
+    if verdict is None:
+        return
+    if verdict.retired:
+        before, after = verdict.backoff or (0.0, 0.0)
+        retired(
+            name,
+            verdict.key,
+            verdict.reason,
+            verdict.error,
+            verdict.age,
+            backoff=after,
+        )
+        if after > before > 0:
+            backoff_engaged(name, verdict.key, after, before)
+        elif after < before:
+            backoff_reset(name, verdict.key, after, before)
+    elif verdict.delay is not None:
+        deferred(name, verdict.key, verdict.reason, verdict.delay)
+
+
+def forked(life: Lifecycle[Any]) -> None:
+    """In a forked child: say the fork's retirements, once.
+
+    The at-fork hook logs nothing (I6): the lifecycle keeps them
+    (``Lifecycle.forked``) until the child's first build, or its
+    ``close_all()``, says them here. Off the hit path.
+    """
+    if life.forked:
+        for verdict in life.take_forked():
+            say(life.name, verdict)
+
+
+def predicate_failed(
+    name: str, error: BaseException, handled: BaseException
+) -> None:
+    """*retire_on*'s predicate raised *error* on *handled*: no match."""
+    log.warning(
+        "The retire_on predicate of %s raised %s on %s; the client is kept.",
+        name,
+        type(error).__name__,
+        type(handled).__name__,
+        extra={
+            "poolkeeper_factory": name,
+            "poolkeeper_error_type": type(error).__name__,
+        },
+    )
+
+
+def retire_on_failed(
+    name: str, handled: BaseException, error: BaseException
+) -> None:
+    """Retiring a client on *handled* (*retire_on*) raised *error*."""
+    log.warning(
+        "Retiring a client of %s on %s failed: %s.",
+        name,
+        type(handled).__name__,
+        type(error).__name__,
+        extra={"poolkeeper_factory": name},
     )
 
 

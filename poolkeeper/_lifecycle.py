@@ -10,7 +10,7 @@ what to do next: serve this record, wait for this ticket, build now, or
 close these records. The data it keeps is in :mod:`poolkeeper._records`.
 
 :class:`Lifecycle` is one class, in sections: state and counters,
-requests and builds, leases, ends, changes and overrides, fork.
+requests and builds, leases, ends, healing, changes and overrides, fork.
 
 Invariants (other modules refer to them as I1 ... I6):
 
@@ -41,31 +41,58 @@ I5. Owed closes. A close decided here is in ``owed`` until a close claims
 I6. Fork. ``forget_parent`` takes no lock (another thread may have held
     it at the fork), logs nothing and never raises.
 
-Healing (``heal``, ``carry_out``): a healing retirement (``retire()``,
-*retire_on*) compares and retires: it retires the client only while it is
-its slot's live one, so any number of callers retiring the same client
-cause one retirement. Rebuilds caused by healing back off: the first is
-immediate, and the next client's spacing is :data:`BACKOFF_FIRST`
-seconds. A healing retirement of a client younger than its spacing is
-deferred until the client is that old (the driver arms a timer, which
-calls ``carry_out``), and the client after it gets twice the spacing, up
-to :data:`BACKOFF_CAP`. A client that lives a full spacing resets it: its
-healing retirement is immediate again, and the next spacing is
-:data:`BACKOFF_FIRST`. A ``reset()`` inside *min_rebuild_interval* is
-deferred the same way, until the interval ends. Retirements are counted
-by reason (:data:`REASONS`).
+Lock-free decisions are this module's, as named queries (``override``,
+``owed_besides``, ``holds_on``, ``holders``, ``ended_slots``, ``census``,
+``build_cause``, ``has_timers``; ``Record.matches``, ``is_closed``,
+``is_retired``, ``is_abandoned``), except
+those on hot paths, which read the records inline because a call there
+would add a Python frame to every call:
 
-Ageing and probing (``expire``, ``due``, ``probed``): with *max_age*, the
-driver arms a timer at each build; at its end ``expire`` retires that
-client if it is still live, for reason "max_age", as a healing
-retirement (the backoff applies). With *check*, a timer marks the live
-client's probe due (``due``), which disarms the hit path; the first
-``request`` that finds it due answers :class:`Probe` (one prober: the
-probe is then "probing", and other calls are served), holding the record
-as a lease does, so that it is not closed under the probe. ``probed``
-releases it, counts the probe and retires a client that failed it, for
-reason "check"; a probe cut short by a ``BaseException``, or failed and
-not yet retired (cut between its two commits), is due again.
+- ``_sync``'s polled hit path: the armed record is still live (one frame
+  for a polled key; a later retirement is one after the return, I3).
+- ``_lease``'s pin and unpin: ``pins`` then ``open`` (I3).
+- ``_async``'s ``_get``: the record a pushed key matched is still live on
+  this loop, its probe not due, its epoch unmoved (I2); and ``_slot``:
+  the running loop's slot, hooked. Each await of an async singleton.
+- ``_async``'s ``_acquire``: a polled key's value matches the loop's live
+  record, with no probe due; this slot's clients close only on this loop.
+- ``_healing``'s ``give_back``: whether the slot can hold a probe at all,
+  on every call's way out by an exception.
+- ``life.overrides and``, before ``override()`` on every call's path.
+
+The healing section (``reset``, ``heal``, ``carry_out``, ``expire``,
+``due``, ``probed``, ``unprobe``; its driver half is
+:mod:`poolkeeper._healing`):
+
+- **Heal.** A healing retirement (``retire()``, *retire_on*, a failed
+  probe, *max_age*) compares and retires: it retires the client only while
+  it is its slot's live one, so any number of callers retiring the same
+  client cause one retirement.
+- **Backoff.** Rebuilds caused by healing back off: the first is
+  immediate, and the next client's spacing is :data:`BACKOFF_FIRST`
+  seconds. A client that lives a full spacing resets it: its healing
+  retirement is immediate again, and the next spacing is
+  :data:`BACKOFF_FIRST`.
+- **Deferral.** A healing retirement of a client younger than its spacing
+  is deferred until the client is that old (a
+  :class:`~poolkeeper._records.Deferral` in the slot; the driver starts a
+  timer, which calls ``carry_out``), and the client after it gets twice
+  the spacing, up to :data:`BACKOFF_CAP`. A ``reset()`` inside
+  *min_rebuild_interval* is deferred the same way, until the interval
+  ends. Retirements are counted by reason (:data:`REASONS`).
+- **Ageing.** With *max_age*, the driver starts a timer at each build; at
+  its end ``expire`` retires that client if it is still live, for reason
+  "max_age", as a healing retirement (the backoff applies).
+- **Probe.** With *check*, a timer makes the live client's probe due
+  (``due``: a :class:`~poolkeeper._records.ProbeDue` in the slot), which
+  disarms the hit path; the first ``request`` that finds it due answers
+  :class:`Probe` (one prober: the slot's probe is then a
+  :class:`~poolkeeper._records.Probing`, and other calls are served),
+  holding the record as a lease does, so that it is not closed under the
+  probe. ``probed`` takes the probe's verdict: it releases the record,
+  counts the probe and retires a client that failed it, for reason
+  "check"; a probe cut short by a ``BaseException``, or failed and not yet
+  retired (cut between its two commits), is due again.
 """
 
 from __future__ import annotations
@@ -96,9 +123,12 @@ from poolkeeper._records import (
     DONE,
     Build,
     ClientState,
+    Deferral,
     Ended,
     Holder,
     Probe,
+    ProbeDue,
+    Probing,
     Record,
     Serve,
     Slot,
@@ -304,9 +334,12 @@ class Lifecycle(Generic[T]):
         self.forked: tuple[Verdict, ...] = ()
         # Closes decided but not started (see I5).
         self.owed: tuple[Record[Any], ...] = ()
-        # Ageing and probing (set by the decorator): seconds, or None.
+        # Ageing and probing (set by the decorator): seconds, or None; and
+        # the probe function (check=), which only _healing calls (without
+        # check=, no probe is ever due and bool is never called).
         self.max_age: float | None = None
         self.check_every: float | None = None
+        self.check: Callable[[Any], object] = bool
         self._zero()
 
     # The switch is a class attribute store (a stop-the-world update on
@@ -420,9 +453,9 @@ class Lifecycle(Generic[T]):
             if (
                 pending is not None
                 and live is not None
-                and pending[0] == live.sequence
+                and pending.sequence == live.sequence
             ):
-                deferred = pending[1]
+                deferred = pending.reason
         return Statistics(
             builds=self.builds,
             build_failures=self.build_failures,
@@ -507,16 +540,15 @@ class Lifecycle(Generic[T]):
         if live is not None and matched:
             probe = slot.probe
             if (
-                probe is not None
-                and probe[1] == "due"
-                and probe[0] == live.sequence
+                type(probe) is ProbeDue
+                and probe.sequence == live.sequence
                 and live.state is ClientState.LIVE
             ):
                 # This call probes; the record is held for it. The call's
                 # wake-up names it: unwinding before it reported, it gives
                 # the probe back (unprobe).
                 done = new_done()
-                probing = (live.sequence, "probing", done, live, False)
+                probing = Probing(live.sequence, done, live)
                 stores(
                     (live, "leases", live.leases + 1),
                     (live, "prober", done),
@@ -540,6 +572,14 @@ class Lifecycle(Generic[T]):
         )
         slot.build = ticket
         return Build(ticket)
+
+    def build_cause(self, slot: Slot) -> str | None:
+        """Why *slot*'s next build builds: "key" while a client is live.
+
+        Otherwise the reason its last client was retired, None for its
+        first. Lock-free: a build's reason, read as it begins.
+        """
+        return "key" if slot.live is not None else slot.cause
 
     @locked
     def still_live(self, record: Record[T]) -> bool:
@@ -889,338 +929,6 @@ class Lifecycle(Generic[T]):
         )
 
     @locked
-    def reset(
-        self, slot: Slot, now: float, doomed: list[Record[T]]
-    ) -> Verdict | None:
-        """Retire *slot*'s live client unless rate-limited.
-
-        Returns None when no client is live. Within *min_interval* of the
-        last build (on *now*'s clock) the reset is refused, counted in
-        ``resets_refused`` and deferred until the interval ends: the
-        verdict's *delay* says when, for the driver's timer (None when a
-        deferral was already pending).
-        """
-        live = slot.live
-        if live is None:
-            return None
-        wait = self.min_interval - (now - slot.built_at)
-        if wait > 0:
-            self.resets_refused += 1
-            return self._defer(slot, live, "reset", None, wait)
-        return self._retire_live(slot, live, "reset", None, doomed)
-
-    @locked
-    def heal(  # noqa: PLR0913, PLR0917 -- what a retirement knows.
-        self,
-        slot: Slot,
-        client: object,
-        reason: str,
-        error: str | None,
-        now: float,
-        doomed: list[Record[T]],
-    ) -> Verdict | None:
-        """Retire *client* for *reason* if it is *slot*'s live client.
-
-        Compare-and-retire: None when *client* is not live in *slot* (a
-        stale retirement, an override's stand-in). A client younger than
-        its slot's spacing (*now* on the monotonic clock) stays live and
-        its retirement is deferred (see the module's docstring); *error*
-        is the type name of the exception that caused it.
-        """
-        live = slot.live
-        if (
-            live is None
-            or live.client is not client
-            or live.state is not ClientState.LIVE
-        ):
-            return None
-        age = now - live.built_at
-        wait = slot.spacing - age
-        pending = slot.deferred
-        if (
-            pending is not None
-            and pending[0] == live.sequence
-            and pending[1] in HEALING
-        ):
-            if now < pending[3]:
-                return self._defer(slot, live, reason, error, wait)
-            # Due, and its timer has not carried it out yet (late, or cut
-            # short): now, as the timer would.
-            _, reason, error, _ = pending
-            return self._retire_live(
-                slot, live, reason, error, doomed, deferred=True
-            )
-        if wait > 0:
-            return self._defer(slot, live, reason, error, wait)
-        return self._retire_live(slot, live, reason, error, doomed)
-
-    @locked
-    def carry_out(
-        self, slot: Slot, sequence: int, doomed: list[Record[T]]
-    ) -> Verdict | None:
-        """Carry out the retirement deferred for record *sequence*.
-
-        Called by the driver's timer once it is due; None when it no
-        longer applies (the client was retired or replaced meanwhile).
-        """
-        live = slot.live
-        pending = slot.deferred
-        if (
-            live is None
-            or pending is None
-            or pending[0] != sequence
-            or live.sequence != sequence
-        ):
-            return None
-        _, reason, error, _ = pending
-        return self._retire_live(
-            slot, live, reason, error, doomed, deferred=True
-        )
-
-    @locked
-    def expire(
-        self, slot: Slot, sequence: int, now: float, doomed: list[Record[T]]
-    ) -> Verdict | None:
-        """Retire record *sequence* for its age, if it is still live.
-
-        The end of its *max_age* timer: a healing retirement (reason
-        "max_age"), deferred by the backoff as ``heal`` defers; None when
-        the client was retired or replaced meanwhile.
-        """
-        live = slot.live
-        if live is None or live.sequence != sequence:
-            return None
-        return self.heal(slot, live.client, "max_age", None, now, doomed)
-
-    @locked
-    def due(self, slot: Slot, sequence: int, checks: int) -> bool:
-        """Mark record *sequence*'s probe due; False if it is not live.
-
-        The end of its *check_every* timer, armed when the record had
-        *checks* probes reported: a timer from before a later report (a
-        probe cut short, then run again) does nothing. Disarms the hit
-        path first, so that the next call asks ``request``, which hands
-        out the probe. The timer of the probe after one being run (armed
-        before its report, *checks* one more than reported) that ends
-        before that report makes the probe due once it is reported.
-        """
-        live = slot.live
-        if (
-            live is None
-            or live.sequence != sequence
-            or live.state is not ClientState.LIVE
-        ):
-            return False
-        probe = slot.probe
-        if live.checks != checks:
-            if (
-                live.checks + 1 != checks
-                or probe is None
-                or probe[:2] != (sequence, "probing")
-            ):
-                return False
-            stores(
-                (slot, "probe", (*probe[:4], True)),
-            )
-            return True
-        if probe is not None and probe[0] == sequence:
-            return True  # Already due, or being probed.
-        self._disarm()
-        stores(
-            (slot, "probe", (sequence, "due")),
-        )
-        return True
-
-    @locked
-    def probed(  # noqa: PLR0913, PLR0917 -- what a probe knows.
-        self,
-        slot: Slot,
-        record: Record[T],
-        ok: bool | None,  # noqa: FBT001 -- the probe's answer.
-        error: str | None,
-        now: float,
-        doomed: list[Record[T]],
-    ) -> Verdict | None:
-        """Report the probe of *record*: *ok*, failed, or None (cut short).
-
-        Releases the record held for the probe (doomed if it was retired
-        meanwhile and this was its last holder), counts the probe, and
-        retires a live client that failed it (reason "check", healing).
-        A probe cut short (None) is due again, for the next call. Returns
-        the retirement's verdict. Idempotent for a probe already reported.
-
-        The hold is the record's (``prober``): released even when the slot
-        has moved on meanwhile (the record was retired and another client
-        built, which forgets the slot's probe), so that the record closes.
-        """
-        if record.prober is None:
-            return None  # Reported already.
-        probe = slot.probe
-        current = probe is not None and probe[:2] == (
-            record.sequence,
-            "probing",
-        )
-        # The next probe's timer ended before this report (see due).
-        again = current and probe is not None and probe[4]
-        if (ok is not True or again) and current:
-            # Due again, for the next call: the hit path stays disarmed. A
-            # failed probe is due again until ``heal`` below retires the
-            # client (a second commit): cut between the two, the next call
-            # probes again instead of serving a failed client for ever.
-            self._disarm()
-        # The slot's probe, unless it has moved on to another client.
-        due, state = (record.sequence, "due"), probe
-        if current:
-            state = None if ok is True and not again else due
-        probes = self.probes + (ok is not None)
-        failures = self.probe_failures + (ok is False)
-        leases = record.leases - 1
-        checks = record.checks + 1
-        if leases or record.pins or record.state is not ClientState.RETIRED:
-            stores(
-                (record, "leases", leases),
-                (record, "checks", checks),
-                (record, "prober", None),
-                (slot, "probe", state),
-                (self, "probes", probes),
-                (self, "probe_failures", failures),
-            )
-        else:
-            retired, close = self._last_lease(record)
-            out = [] if close is None else [close]
-            owed = (*self.owed, *out)
-            stores(
-                (record, "leases", 0),
-                (record, "checks", checks),
-                (record, "prober", None),
-                (record, "state", ClientState.CLOSED),
-                (slot, "retired", retired),
-                (slot, "probe", state),
-                (self, "owed", owed),
-                (self, "probes", probes),
-                (self, "probe_failures", failures),
-                items=((doomed, ALL, out),),
-            )
-        if ok is not False:
-            return None
-        verdict = self.heal(slot, record.client, "check", error, now, doomed)
-        if slot.probe == state and slot.live is record:
-            # Deferred by the backoff: the client stays live until the
-            # deferral's timer, and is probed meanwhile (a probe that
-            # fails after the deferral is due carries it out, as heal
-            # does, should its timer have been lost).
-            stores((slot, "probe", None))
-        return verdict
-
-    @locked
-    def unprobe(
-        self, slot: Slot, done: object, doomed: list[Record[T]]
-    ) -> None:
-        """Give back the probe handed to a call that unwinds unreported.
-
-        A driver calls this when a call ends by an exception. If a record
-        of *slot* is still held by the probe ``request`` handed to that
-        call (its wake-up is *done*), the exception came between
-        ``request`` and the probe's report: it is reported as cut short
-        (due again, if the slot's probe is still that one), which releases
-        the record held for it.
-        """
-        if done is None:
-            return
-        probe = slot.probe
-        probing = () if probe is None or probe[1] != "probing" else probe[3:4]
-        for record in (*probing, slot.live, *slot.retired):
-            if record is not None and record.prober is done:
-                self.probed(slot, record, None, None, 0.0, doomed)
-                return
-
-    def _defer(
-        self,
-        slot: Slot,
-        live: Record[T],
-        reason: str,
-        error: str | None,
-        wait: float,
-    ) -> Verdict:
-        """Defer *live*'s retirement by *wait* seconds; one store.
-
-        A deferral already pending for *live* stands (no new timer).
-        """
-        pending = slot.deferred
-        age = time.monotonic() - live.built_at
-        if pending is not None and pending[0] == live.sequence:
-            return Verdict(
-                retired=False,
-                delay=None,
-                age=age,
-                reason=pending[1],
-                error=pending[2],
-                sequence=live.sequence,
-                key=live.fingerprint,
-            )
-        due = time.monotonic() + wait
-        slot.deferred = (live.sequence, reason, error, due)
-        return Verdict(
-            retired=False,
-            delay=wait,
-            age=age,
-            reason=reason,
-            error=error,
-            sequence=live.sequence,
-            key=live.fingerprint,
-        )
-
-    def _retire_live(  # noqa: PLR0913 -- what a retirement knows.
-        self,
-        slot: Slot,
-        live: Record[T],
-        reason: str,
-        error: str | None,
-        doomed: list[Record[T]],
-        *,
-        deferred: bool = False,
-    ) -> Verdict:
-        """Retire *slot*'s *live* record for *reason*; one commit.
-
-        A healing retirement sets the spacing of the next client: one
-        that was *deferred* doubles it, up to BACKOFF_CAP; any other
-        (the slot had no spacing, or *live* outlived it) starts it at
-        BACKOFF_FIRST.
-        """
-        self._disarm()
-        spacing = before = slot.spacing
-        age = time.monotonic() - live.built_at
-        if reason in HEALING:
-            spacing = (
-                min(spacing * 2, BACKOFF_CAP)
-                if deferred and spacing
-                else BACKOFF_FIRST
-            )
-        retired, out, state, box = self._retire(slot, live, keep=None)
-        owed = (*self.owed, *out)
-        stores(
-            (slot, "live", None),
-            (slot, "retired", retired),
-            (slot, "deferred", None),
-            (slot, "spacing", spacing),
-            (slot, "cause", reason),
-            (box, "state", state),
-            (self, "owed", owed),
-            (self, "retirements", self._counted(reason)),
-            items=((doomed, ALL, out),),
-        )
-        return Verdict(
-            retired=True,
-            delay=None,
-            age=age,
-            reason=reason,
-            error=error,
-            sequence=live.sequence,
-            key=live.fingerprint,
-            backoff=(before, spacing) if reason in HEALING else None,
-        )
-
-    @locked
     def detach(
         self, doomed: list[Record[T]], said: list[Verdict] | None = None
     ) -> None:
@@ -1331,6 +1039,18 @@ class Lifecycle(Generic[T]):
             return False
         return slot.live is not None or any(r.slot is slot for r in self.owed)
 
+    def ended_slots(self) -> list[Slot]:
+        """The event loops' slots whose loop was closed or collected.
+
+        Lock-free: the slots are copied in one C call before they are read.
+        """
+        ended: list[Slot] = []
+        for slot in list(self.slots.values()):
+            loop = None if slot.loop is None else slot.loop()
+            if slot.loop is not None and (loop is None or loop.is_closed()):
+                ended.append(slot)
+        return ended
+
     def holders(self) -> list[Record[Any]]:
         """The records holding a client: each slot's live and retired ones.
 
@@ -1344,6 +1064,21 @@ class Lifecycle(Generic[T]):
             if record is not None
         ]
 
+    def census(self) -> tuple[int, int, int, int]:
+        """Clients live and retired, leases and clients held open, now.
+
+        For the metrics' observers. Lock-free: the slots and each slot's
+        retired records are copied in one C call before they are read.
+        """
+        slots = list(self.slots.values())
+        records = self.holders()
+        return (
+            sum(slot.live is not None for slot in slots),
+            sum(len(slot.retired) for slot in slots),
+            sum(r.leases - r.dependents + len(r.pins) for r in records),
+            sum(1 for r in records if r.dependents and r.is_retired()),
+        )
+
     @locked
     def closed(self, *, ok: bool) -> None:
         """Count a close that ran (*ok*) or failed."""
@@ -1351,6 +1086,354 @@ class Lifecycle(Generic[T]):
             self.closes += 1
         else:
             self.close_failures += 1
+
+    # -- healing -------------------------------------------------------------
+    # Retirements that heal (retire(), retire_on, a failed probe, max_age)
+    # and their backoff, deferrals (the backoff's, and a reset's inside
+    # min_rebuild_interval), ageing and probes. The state is the slot's:
+    # spacing, deferred (a Deferral) and probe (a ProbeDue or a Probing),
+    # each replaced whole in a transition's commit. The driver half (its
+    # timers, running a probe) is poolkeeper._healing.
+
+    def has_timers(self) -> bool:
+        """Whether each build starts timers: *max_age* or *check* is set.
+
+        Lock-free: both are set once, by the decorator, before any call.
+        """
+        return self.max_age is not None or self.check_every is not None
+
+    @locked
+    def reset(
+        self, slot: Slot, now: float, doomed: list[Record[T]]
+    ) -> Verdict | None:
+        """Retire *slot*'s live client unless rate-limited.
+
+        Returns None when no client is live. Within *min_interval* of the
+        last build (on *now*'s clock) the reset is refused, counted in
+        ``resets_refused`` and deferred until the interval ends: the
+        verdict's *delay* says when, for the driver's timer (None when a
+        deferral was already pending).
+        """
+        live = slot.live
+        if live is None:
+            return None
+        wait = self.min_interval - (now - slot.built_at)
+        if wait > 0:
+            self.resets_refused += 1
+            return self._defer(slot, live, "reset", None, wait)
+        return self._retire_live(slot, live, "reset", None, doomed)
+
+    @locked
+    def heal(  # noqa: PLR0913, PLR0917 -- what a retirement knows.
+        self,
+        slot: Slot,
+        client: object,
+        reason: str,
+        error: str | None,
+        now: float,
+        doomed: list[Record[T]],
+    ) -> Verdict | None:
+        """Retire *client* for *reason* if it is *slot*'s live client.
+
+        Compare-and-retire: None when *client* is not live in *slot* (a
+        stale retirement, an override's stand-in). A client younger than
+        its slot's spacing (*now* on the monotonic clock) stays live and
+        its retirement is deferred (see the module's docstring); *error*
+        is the type name of the exception that caused it.
+        """
+        live = slot.live
+        if (
+            live is None
+            or live.client is not client
+            or live.state is not ClientState.LIVE
+        ):
+            return None
+        age = now - live.built_at
+        wait = slot.spacing - age
+        pending = slot.deferred
+        if (
+            pending is not None
+            and pending.sequence == live.sequence
+            and pending.reason in HEALING
+        ):
+            if now < pending.due:
+                return self._defer(slot, live, reason, error, wait)
+            # Due, and its timer has not carried it out yet (late, or cut
+            # short): now, as the timer would.
+            return self._retire_live(
+                slot,
+                live,
+                pending.reason,
+                pending.error,
+                doomed,
+                deferred=True,
+            )
+        if wait > 0:
+            return self._defer(slot, live, reason, error, wait)
+        return self._retire_live(slot, live, reason, error, doomed)
+
+    @locked
+    def carry_out(
+        self, slot: Slot, sequence: int, doomed: list[Record[T]]
+    ) -> Verdict | None:
+        """Carry out the retirement deferred for record *sequence*.
+
+        Called by the driver's timer once it is due; None when it no
+        longer applies (the client was retired or replaced meanwhile).
+        """
+        live = slot.live
+        pending = slot.deferred
+        if (
+            live is None
+            or pending is None
+            or pending.sequence != sequence
+            or live.sequence != sequence
+        ):
+            return None
+        return self._retire_live(
+            slot, live, pending.reason, pending.error, doomed, deferred=True
+        )
+
+    @locked
+    def expire(
+        self, slot: Slot, sequence: int, now: float, doomed: list[Record[T]]
+    ) -> Verdict | None:
+        """Retire record *sequence* for its age, if it is still live.
+
+        The end of its *max_age* timer: a healing retirement (reason
+        "max_age"), deferred by the backoff as ``heal`` defers; None when
+        the client was retired or replaced meanwhile.
+        """
+        live = slot.live
+        if live is None or live.sequence != sequence:
+            return None
+        return self.heal(slot, live.client, "max_age", None, now, doomed)
+
+    @locked
+    def due(self, slot: Slot, sequence: int, count: int) -> bool:
+        """Mark record *sequence*'s probe due; False if it is not live.
+
+        The end of its *check_every* timer, started when the record had
+        *count* probes reported: a timer from before a later report (a
+        probe cut short, then run again) does nothing. Disarms the hit
+        path first, so that the next call asks ``request``, which hands
+        out the probe. The timer of the probe after one being run (started
+        before its report, *count* one more than reported) that ends
+        before that report makes the probe due once it is reported.
+        """
+        live = slot.live
+        if (
+            live is None
+            or live.sequence != sequence
+            or live.state is not ClientState.LIVE
+        ):
+            return False
+        probe = slot.probe
+        if live.probes != count:
+            if (
+                live.probes + 1 != count
+                or type(probe) is not Probing
+                or probe.sequence != sequence
+            ):
+                return False
+            again = Probing(sequence, probe.prober, probe.record, again=True)
+            stores(
+                (slot, "probe", again),
+            )
+            return True
+        if probe is not None and probe.sequence == sequence:
+            return True  # Already due, or being probed.
+        self._disarm()
+        stores(
+            (slot, "probe", ProbeDue(sequence)),
+        )
+        return True
+
+    @locked
+    def probed(  # noqa: PLR0913, PLR0917 -- what a probe knows.
+        self,
+        slot: Slot,
+        record: Record[T],
+        ok: bool | None,  # noqa: FBT001 -- the probe's answer.
+        error: str | None,
+        now: float,
+        doomed: list[Record[T]],
+    ) -> Verdict | None:
+        """Report the probe of *record*: *ok*, failed, or None (cut short).
+
+        Releases the record held for the probe (doomed if it was retired
+        meanwhile and this was its last holder), counts the probe, and
+        retires a live client that failed it (reason "check", healing).
+        A probe cut short (None) is due again, for the next call. Returns
+        the retirement's verdict. Idempotent for a probe already reported.
+
+        The hold is the record's (``prober``): released even when the slot
+        has moved on meanwhile (the record was retired and another client
+        built, which forgets the slot's probe), so that the record closes.
+        """
+        if record.prober is None:
+            return None  # Reported already.
+        probe = slot.probe
+        current = type(probe) is Probing and probe.sequence == record.sequence
+        # The next probe's timer ended before this report (see due).
+        again = type(probe) is Probing and current and probe.again
+        if (ok is not True or again) and current:
+            # Due again, for the next call: the hit path stays disarmed. A
+            # failed probe is due again until ``heal`` below retires the
+            # client (a second commit): cut between the two, the next call
+            # probes again instead of serving a failed client for ever.
+            self._disarm()
+        # The slot's probe, unless it has moved on to another client.
+        due, state = ProbeDue(record.sequence), probe
+        if current:
+            state = None if ok is True and not again else due
+        probes = self.probes + (ok is not None)
+        failures = self.probe_failures + (ok is False)
+        leases = record.leases - 1
+        reported = record.probes + 1
+        if leases or record.pins or record.state is not ClientState.RETIRED:
+            stores(
+                (record, "leases", leases),
+                (record, "probes", reported),
+                (record, "prober", None),
+                (slot, "probe", state),
+                (self, "probes", probes),
+                (self, "probe_failures", failures),
+            )
+        else:
+            retired, close = self._last_lease(record)
+            out = [] if close is None else [close]
+            owed = (*self.owed, *out)
+            stores(
+                (record, "leases", 0),
+                (record, "probes", reported),
+                (record, "prober", None),
+                (record, "state", ClientState.CLOSED),
+                (slot, "retired", retired),
+                (slot, "probe", state),
+                (self, "owed", owed),
+                (self, "probes", probes),
+                (self, "probe_failures", failures),
+                items=((doomed, ALL, out),),
+            )
+        if ok is not False:
+            return None
+        verdict = self.heal(slot, record.client, "check", error, now, doomed)
+        if slot.probe == state and slot.live is record:
+            # Deferred by the backoff: the client stays live until the
+            # deferral's timer, and is probed meanwhile (a probe that
+            # fails after the deferral is due carries it out, as heal
+            # does, should its timer have been lost).
+            stores((slot, "probe", None))
+        return verdict
+
+    @locked
+    def unprobe(
+        self, slot: Slot, done: object, doomed: list[Record[T]]
+    ) -> None:
+        """Give back the probe handed to a call that unwinds unreported.
+
+        A driver calls this when a call ends by an exception. If a record
+        of *slot* is still held by the probe ``request`` handed to that
+        call (its wake-up is *done*), the exception came between
+        ``request`` and the probe's report: it is reported as cut short
+        (due again, if the slot's probe is still that one), which releases
+        the record held for it.
+        """
+        if done is None:
+            return
+        probe = slot.probe
+        probing = (probe.record,) if type(probe) is Probing else ()
+        for record in (*probing, slot.live, *slot.retired):
+            if record is not None and record.prober is done:
+                self.probed(slot, record, None, None, 0.0, doomed)
+                return
+
+    def _defer(
+        self,
+        slot: Slot,
+        live: Record[T],
+        reason: str,
+        error: str | None,
+        wait: float,
+    ) -> Verdict:
+        """Defer *live*'s retirement by *wait* seconds; one store.
+
+        A deferral already pending for *live* stands (no new timer).
+        """
+        pending = slot.deferred
+        age = time.monotonic() - live.built_at
+        if pending is not None and pending.sequence == live.sequence:
+            return Verdict(
+                retired=False,
+                delay=None,
+                age=age,
+                reason=pending.reason,
+                error=pending.error,
+                sequence=live.sequence,
+                key=live.fingerprint,
+            )
+        due = time.monotonic() + wait
+        slot.deferred = Deferral(live.sequence, reason, error, due)
+        return Verdict(
+            retired=False,
+            delay=wait,
+            age=age,
+            reason=reason,
+            error=error,
+            sequence=live.sequence,
+            key=live.fingerprint,
+        )
+
+    def _retire_live(  # noqa: PLR0913 -- what a retirement knows.
+        self,
+        slot: Slot,
+        live: Record[T],
+        reason: str,
+        error: str | None,
+        doomed: list[Record[T]],
+        *,
+        deferred: bool = False,
+    ) -> Verdict:
+        """Retire *slot*'s *live* record for *reason*; one commit.
+
+        A healing retirement sets the spacing of the next client: one
+        that was *deferred* doubles it, up to BACKOFF_CAP; any other
+        (the slot had no spacing, or *live* outlived it) starts it at
+        BACKOFF_FIRST.
+        """
+        self._disarm()
+        spacing = before = slot.spacing
+        age = time.monotonic() - live.built_at
+        if reason in HEALING:
+            spacing = (
+                min(spacing * 2, BACKOFF_CAP)
+                if deferred and spacing
+                else BACKOFF_FIRST
+            )
+        retired, out, state, box = self._retire(slot, live, keep=None)
+        owed = (*self.owed, *out)
+        stores(
+            (slot, "live", None),
+            (slot, "retired", retired),
+            (slot, "deferred", None),
+            (slot, "spacing", spacing),
+            (slot, "cause", reason),
+            (box, "state", state),
+            (self, "owed", owed),
+            (self, "retirements", self._counted(reason)),
+            items=((doomed, ALL, out),),
+        )
+        return Verdict(
+            retired=True,
+            delay=None,
+            age=age,
+            reason=reason,
+            error=error,
+            sequence=live.sequence,
+            key=live.fingerprint,
+            backoff=(before, spacing) if reason in HEALING else None,
+        )
 
     # -- changes and overrides -----------------------------------------------
 
@@ -1441,7 +1524,7 @@ class Lifecycle(Generic[T]):
         if keep:
             self.pid = os.getpid()
             # A probe in flight ran on a thread the child does not have
-            # (one that forked inside its own check reports into a
+            # (one that forked inside its own probe reports into a
             # record no longer held, and probed() ignores it): give back
             # its hold, so that the kept client closes when retired here,
             # and make the probe due again, for the child's next call.
@@ -1450,8 +1533,9 @@ class Lifecycle(Generic[T]):
                     record.leases -= 1
                     record.prober = None
             for slot in self.slots.values():
-                if slot.probe is not None and slot.probe[1] == "probing":
-                    slot.probe = (slot.probe[0], "due")
+                probe = slot.probe
+                if type(probe) is Probing:
+                    slot.probe = ProbeDue(probe.sequence)
             # A kept client keeps its deferral, backoff and timers (the
             # fork hook resumes them: _timers.resume).
             slots = [s for s in self.slots.values() if _stranded(s)]

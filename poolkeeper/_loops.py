@@ -43,8 +43,8 @@ import weakref
 from asyncio import _get_running_loop
 from typing import TYPE_CHECKING, Any, cast, final
 
-from poolkeeper._builds import say
 from poolkeeper._close import arun_each
+from poolkeeper._events import say
 from poolkeeper._identity import no_arguments
 
 if TYPE_CHECKING:
@@ -292,7 +292,5 @@ def drop(life: Lifecycle[Any], slot: Slot, lost: list[Record[Any]]) -> None:
 
 def prune(life: Lifecycle[Any], lost: list[Record[Any]]) -> None:
     """Drop the slots of loops that were closed (or collected)."""
-    for slot in list(life.slots.values()):
-        loop = None if slot.loop is None else slot.loop()
-        if slot.loop is not None and (loop is None or loop.is_closed()):
-            drop(life, slot, lost)
+    for slot in life.ended_slots():
+        drop(life, slot, lost)

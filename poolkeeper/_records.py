@@ -1,12 +1,23 @@
 """What the lifecycle knows: a client's state, its record, builds, slots.
 
-Plain data, written only by :mod:`poolkeeper._lifecycle` under its lock:
-a :class:`Record` for each built client (its state, key, generation and
-leases), a :class:`Ticket` for each build in progress, a :class:`Slot` for
-each place a client lives (the process, or one event loop), and the
-decisions a transition hands its driver (:class:`Serve`, :class:`Wait`,
-:class:`Build`), and the snapshot of its counters a user reads
+Plain data: a :class:`Record` for each built client (its state, key,
+generation and leases), a :class:`Ticket` for each build in progress, a
+:class:`Slot` for each place a client lives (the process, or one event
+loop) with its healing state (:class:`ProbeDue` or :class:`Probing`, a
+:class:`Deferral`), the decisions a transition hands its driver
+(:class:`Serve`, :class:`Probe`, :class:`Wait`, :class:`Build`, a
+:class:`Verdict`), and the snapshot of its counters a user reads
 (:class:`Statistics`).
+
+Who writes it: :mod:`poolkeeper._lifecycle`, under its lock, writes every
+field, except these, each written where it is named:
+
+- ``Record.pins``: a sync lease adds and removes its own entry without
+  the lock (``_lease``, I3), and ``_lease.loosen`` replaces a retired
+  record's pins with a weak mapping;
+- ``Record.timers``: ``_healing`` starts a client's timers after its
+  build and keeps them there; its close cancels them (``_close``);
+- ``Slot.hook``: ``_loops`` keeps an async slot's loop-end hook.
 """
 
 from __future__ import annotations
@@ -130,7 +141,6 @@ class Record(Generic[T]):
 
     __slots__ = (
         "built_at",
-        "checks",
         "client",
         "dependents",
         "fingerprint",
@@ -141,6 +151,7 @@ class Record(Generic[T]):
         "open",
         "pins",
         "prober",
+        "probes",
         "read_ended",
         "sequence",
         "slot",
@@ -173,8 +184,8 @@ class Record(Generic[T]):
         # Computed by the driver before the build (repr() of the key).
         self.fingerprint: str | None = None
         # Its health probes reported (cut short ones too): a probe timer
-        # acts only at the count it was armed for (see Lifecycle.due).
-        self.checks = 0
+        # acts only at the count it was started for (see Lifecycle.due).
+        self.probes = 0
         # The wake-up of the call probing it, while a probe holds it (a
         # lease's worth, in leases): released once, by its report, even
         # if the slot has moved on to another client meanwhile.
@@ -183,12 +194,24 @@ class Record(Generic[T]):
         # cancels them.
         self.timers: dict[str, Timer] = {}
 
+    def is_closed(self) -> bool:
+        """Whether this client is closed (or closing): done with."""
+        return self.state is ClientState.CLOSED
+
+    def is_abandoned(self) -> bool:
+        """Whether a forked child abandoned this client (never closed)."""
+        return self.state is ClientState.ABANDONED
+
+    def is_retired(self) -> bool:
+        """Whether this client is retired and waits for its holders."""
+        return self.state is ClientState.RETIRED
+
     def cancel_timers(self) -> None:
         """Cancel this client's timers: it is closed, nothing is due."""
-        # A copy in one call: another thread may arm the next probe's
+        # A copy in one call: another thread may start the next probe's
         # timer meanwhile, and without the GIL iterating the dict itself
         # could then fail (which left a client unclosed). That timer sees
-        # the record closed once it is in (see _builds._next_probe).
+        # the record closed once it is in (see _healing._next_probe).
         for timer in self.timers.copy().values():
             timer.cancel()
 
@@ -296,25 +319,68 @@ class Slot:
         self.dropped = False
         # Healing's backoff: the spacing a healing retirement of the live
         # client must keep from its build (0: none, retire at once), and
-        # the retirement deferred until then, if any: (the live record's
-        # sequence, reason, error type name, monotonic time due).
+        # the retirement deferred until then, if any.
         self.spacing = 0.0
-        self.deferred: tuple[int, str, str | None, float] | None = None
+        self.deferred: Deferral | None = None
         # Why the slot has no live client: the last retirement's reason
         # (None after a build), the reason its next build reports.
         self.cause: str | None = None
-        # The health probe (*check*) of the live client: (its record's
-        # sequence, "due"), or (sequence, "probing", the prober's wake-up,
-        # the record, whether the next probe is due at its report); None
-        # between probes.
-        self.probe: tuple[Any, ...] | None = None
+        # The probe (*check*) of the live client: due, or in flight;
+        # None between probes.
+        self.probe: ProbeDue | Probing | None = None
+
+
+# -- healing's state ---------------------------------------------------------
+# A slot's probe and deferral are values, replaced whole in one store: a
+# transition that changes them commits one new record, never a field.
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ProbeDue:
+    """The live record *sequence*'s probe is due: the next call runs it."""
+
+    sequence: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Probing:
+    """The live record *sequence*'s probe is in flight.
+
+    *prober* is the wake-up of the call running it (what ``unprobe``
+    finds it by), *record* the record it holds, and *again* says that the
+    next probe's timer ended meanwhile: the probe is due again at its
+    report (see ``Lifecycle.due``).
+    """
+
+    sequence: int
+    prober: object
+    record: Record[Any]
+    again: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """A retirement of the live record *sequence*, deferred until *due*.
+
+    Deferred by healing's backoff or by *min_rebuild_interval*: its
+    *reason*, the type name of the *error* that caused it (or None), and
+    when it is due on the monotonic clock.
+    """
+
+    sequence: int
+    reason: str
+    error: str | None
+    due: float
 
 
 class Verdict:
     """A retirement's outcome, for the driver to log and carry out.
 
     *retired*: the client was retired now. *delay*: seconds after which
-    a deferred retirement is due (the driver arms a timer), None when
+    a deferred retirement is due (the driver starts a timer), None when
     nothing new was deferred. *age*: the client's age in seconds. *key*:
     its key's fingerprint. *backoff*: for a healing retirement, the
     backoff before and after it, in seconds.

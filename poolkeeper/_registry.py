@@ -37,7 +37,6 @@ from poolkeeper._close import (
     run_each,
 )
 from poolkeeper._lease import loosen
-from poolkeeper._lifecycle import ClientState
 from poolkeeper._records import Slot, is_owned, under
 from poolkeeper.exceptions import PoolkeeperWarning
 
@@ -99,18 +98,7 @@ def census() -> list[tuple[str, int, int, int, int]]:
     rows: dict[str, tuple[int, int, int, int]] = {}
     for entry in list(_entries):
         life = entry.life
-        slots = list(life.slots.values())
-        records = life.holders()
-        row = (
-            sum(slot.live is not None for slot in slots),
-            sum(len(slot.retired) for slot in slots),
-            sum(r.leases - r.dependents + len(r.pins) for r in records),
-            sum(
-                1
-                for r in records
-                if r.dependents and r.state is ClientState.RETIRED
-            ),
-        )
+        row = life.census()
         a, b, c, d = rows.get(life.name, (0, 0, 0, 0))
         rows[life.name] = (row[0] + a, row[1] + b, row[2] + c, row[3] + d)
     return [(name, *row) for name, row in rows.items()]
@@ -218,7 +206,7 @@ def _detach(
 
 
 def _say(said: list[tuple[str, Verdict]]) -> None:
-    run_each(functools.partial(_builds.say, *pair) for pair in said)
+    run_each(functools.partial(_events.say, *pair) for pair in said)
 
 
 def _close(entries: list[Entry]) -> None:
@@ -412,7 +400,7 @@ def _abandon(entry: Entry, record: Record[Any]) -> None:
     hook = entry.after_fork
     if hook is None:  # An adapter's, learnt at the build (a dict read).
         hook = _adapters.inherited(record.client)
-    if hook is None or record.state is not ClientState.ABANDONED:
+    if hook is None or not record.is_abandoned():
         return
     notes: list[str] = []
     fork_notes = notes

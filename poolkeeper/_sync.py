@@ -1,9 +1,10 @@
 """ProcessSingleton: the thread driver of the lifecycle, and its hit path.
 
 A call that misses the hit path asks the lifecycle what to do next and
-serves, waits or builds (the request loop, the build run and the waits are
-shared with the async driver, in ``_builds``). Beside the call: ``reset``,
-``lease``, ``proxy``, ``current``, ``statistics``. The hit path is the
+serves, waits or builds (the build run and the waits are shared with the
+async driver, in ``_builds``; healing's timers and probes, in
+``_healing``). Beside the call: ``reset``, ``lease``, ``proxy``,
+``current``, ``statistics``. The hit path is the
 class's ``__call__``, which the lifecycle's change hook switches (see
 ``arm``, under the lifecycle's lock).
 """
@@ -17,25 +18,26 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, final
 
 import wrapt
 
+from poolkeeper import _events as events
 from poolkeeper._builds import (
     NOTHING,
     BuildRun,
-    armed_timers,
     building,
     ended,
-    error_name,
-    log,
-    monotonic,
-    probe,
     read_key,
     refuse_coroutine,
     report,
-    say,
-    settle,
-    unprobe,
     waiting,
 )
 from poolkeeper._close import Closer, run_each
+from poolkeeper._healing import (
+    error_name,
+    give_back,
+    monotonic,
+    run_probe,
+    schedule,
+    start_timers,
+)
 from poolkeeper._identity import (
     Identity,
     no_arguments,
@@ -177,7 +179,6 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
     _self_slot: Slot
     _self_closer: Closer
     _self_retire_on: Callable[[BaseException], bool] | None
-    _self_check: Callable[[Any], object] | None
     # A thread singleton's threads (scope="thread"; see _threads); None
     # for a process singleton.
     _self_scope: Scope | None = None
@@ -260,13 +261,10 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                     case Serve(record=record):
                         return record
                     case Probe(record=record):
-                        # This call probes (check); the others are served
+                        # This call runs the probe; the others are served
                         # meanwhile. Failed, or retired by another thread
                         # meanwhile: ask again.
-                        check = self._self_check
-                        if check is not None and probe(
-                            life, self._self_closer, record, check
-                        ):
+                        if run_probe(life, self._self_closer, record):
                             continue
                         if life.still_live(record):
                             return record
@@ -293,7 +291,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                 if done is not None and life.settle_unbegun(asked[0], done):
                     done.set()
             finally:
-                unprobe(life, self._self_closer, asked[0], done)
+                give_back(life, self._self_closer, asked[0], done)
             raise
 
     def _build(self, ticket: Ticket) -> None:
@@ -327,8 +325,10 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
                     report(self._self_name, run, is_async=False)
                 finally:
                     self._close(run.doomed)
-        if ticket.record is not None:  # pragma: no branch -- injected.
-            armed_timers(self._self_life, self._self_closer, ticket.record)
+        life = self._self_life
+        # Without max_age or check, healing's module runs nothing here.
+        if ticket.record is not None and life.has_timers():
+            start_timers(life, self._self_closer, ticket.record)
 
     def _close(self, doomed: list[Record[T]]) -> None:
         # With any close owed from before (decided, then cut short before
@@ -367,7 +367,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             verdict = life.reset(slot, time.monotonic(), doomed)
         finally:
             self._said(verdict, doomed)
-        return settle(life, self._self_closer, slot, verdict)
+        return schedule(life, self._self_closer, slot, verdict)
 
     def retire(self, client: T) -> bool:
         """Retire *client* if it is still the live client: compare-and-retire.
@@ -405,12 +405,12 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             )
         finally:
             self._said(verdict, doomed)
-        return settle(life, self._self_closer, slot, verdict)
+        return schedule(life, self._self_closer, slot, verdict)
 
     def _said(self, verdict: Verdict | None, doomed: list[Record[T]]) -> None:
         # A retirement is said (retired, or deferred), then closed.
         try:
-            say(self._self_name, verdict)
+            events.say(self._self_name, verdict)
         finally:
             self._close(doomed)
 
@@ -423,13 +423,7 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             if matches is not None and matches(error):
                 self._heal(client, "retire_on", error)
         except Exception as exc:  # noqa: BLE001 -- logged; theirs goes on.
-            log.warning(
-                "Retiring a client of %s on %s failed: %s.",
-                self._self_name,
-                type(error).__name__,
-                type(exc).__name__,
-                extra={"poolkeeper_factory": self._self_name},
-            )
+            events.retire_on_failed(self._self_name, error, exc)
 
     def lease(self) -> AbstractContextManager[T]:
         """Pin the live client for the duration of a ``with`` block.

@@ -18,7 +18,8 @@ from helpers import WAIT, Factory, FakeClient, fork_and_check, wait_until
 from test_hit_frames import frames_of
 
 import poolkeeper
-from poolkeeper import _builds, _lifecycle, _timers, process_singleton
+from poolkeeper import _healing, _lifecycle, _timers, process_singleton
+from poolkeeper._records import ProbeDue
 
 #: Slack for a busy machine (2 cores shared with other agents).
 SLACK = 1.0
@@ -87,7 +88,7 @@ class TestMaxAge:
         assert 2 == stats.builds
 
     def test_jitter_spreads_deadlines_up_to_ten_percent(self):
-        limits = [_builds.age_limit(100.0) for _ in range(2000)]
+        limits = [_healing.age_limit(100.0) for _ in range(2000)]
         assert all(100.0 <= x <= 110.0 for x in limits)
         assert max(limits) - min(limits) > 5.0
 
@@ -228,7 +229,7 @@ class TestCheck:
         with pytest.raises(KeyboardInterrupt):
             single()
         # Due again, not stuck probing; the client was not retired.
-        assert (client, "due") == (slot.live.client, slot.probe[1])
+        assert (client, ProbeDue) == (slot.live.client, type(slot.probe))
         assert 0 == slot.live.leases
         assert single() is client
         stats = single.statistics()
@@ -420,7 +421,7 @@ class TestAsyncChecks:
         assert wait_until(lambda: slot.probe is not None)
         with pytest.raises(TypeError, match=r"Factory.* returned an await"):
             single()
-        assert (client, "due") == (slot.live.client, slot.probe[1])
+        assert (client, ProbeDue) == (slot.live.client, type(slot.probe))
         assert 0 == slot.live.leases
         assert 0 == single.statistics().probes
         assert not [w for w in recwarn if "never awaited" in str(w.message)]
@@ -506,17 +507,17 @@ class TestTimersEndWithTheirClient:
         assert wait_until(lambda: timers() == 0)
 
     def test_a_stale_probe_timer_does_nothing(self):
-        """A timer armed for an earlier probe count is moot."""
+        """A timer started for an earlier probe count is moot."""
         single = process_singleton(check=lambda c: True, check_every=3600)(
             Factory()
         )
         single()
         life, slot = single._self_life, single._self_slot
         record = slot.live
-        assert not life.due(slot, record.sequence, record.checks + 1)
+        assert not life.due(slot, record.sequence, record.probes + 1)
         assert slot.probe is None
-        assert life.due(slot, record.sequence, record.checks)
-        assert (record.sequence, "due") == slot.probe
+        assert life.due(slot, record.sequence, record.probes)
+        assert ProbeDue(record.sequence) == slot.probe
 
 
 class TestProbeHandedOutCutShort:
@@ -539,7 +540,7 @@ class TestProbeHandedOutCutShort:
         if inject.fired is None:
             pytest.skip(f"fewer than {n} lines follow the hand-out")
         probe = slot.probe
-        assert probe is None or probe[1] == "due", (inject.fired, probe)
+        assert probe is None or type(probe) is ProbeDue, (inject.fired, probe)
         assert 0 == slot.live.leases, inject.fired
         assert single() is client
         assert single.reset()
@@ -585,7 +586,10 @@ class TestAsyncProbeHandedOutCutShort:
             if inject.fired is None:
                 pytest.skip(f"fewer than {n} lines follow the hand-out")
             probe = slot.probe
-            assert probe is None or probe[1] == "due", (inject.fired, probe)
+            assert probe is None or type(probe) is ProbeDue, (
+                inject.fired,
+                probe,
+            )
             assert 0 == slot.live.leases, inject.fired
             assert await single() is client
             assert await single.reset()

@@ -456,9 +456,9 @@ class LifecycleRules(RuleBasedStateMachine):
     def _deferred(self, slot: Slot, live: Record[Client], verdict) -> None:
         """A deferral: pending for *live*; a new one arms a timer."""
         assert slot.deferred is not None
-        sequence, _, _, due = slot.deferred
+        sequence, due = slot.deferred.sequence, slot.deferred.due
         assert live.sequence == sequence == verdict.sequence
-        assert verdict.reason == slot.deferred[1]
+        assert verdict.reason == slot.deferred.reason
         if verdict.delay is not None:
             assert 0.0 <= verdict.delay <= max(CAP, self.min_interval)
             assert due == FakeTime.now + verdict.delay
@@ -542,10 +542,10 @@ class LifecycleRules(RuleBasedStateMachine):
         age = now - live.built_at
         mine = (
             pending is not None
-            and pending[0] == live.sequence
-            and pending[1] in HEALING
+            and pending.sequence == live.sequence
+            and pending.reason in HEALING
         )
-        due = mine and now >= pending[3]
+        due = mine and now >= pending.due
         # The first healing is immediate, and so is that of a client that
         # outlived its spacing, or whose deferral is due; else deferred.
         if mine:
@@ -553,7 +553,7 @@ class LifecycleRules(RuleBasedStateMachine):
         else:
             assert verdict.retired is (age >= before)
         if verdict.retired:
-            said = pending[1] if due else reason
+            said = pending.reason if due else reason
             assert said == verdict.reason
             assert slot.live is None
             assert ClientState.LIVE is not live.state
@@ -566,8 +566,8 @@ class LifecycleRules(RuleBasedStateMachine):
             assert ClientState.LIVE is live.state
             assert before == slot.spacing
             self._deferred(slot, live, verdict)
-            if pending is None or pending[0] != live.sequence:
-                assert slot.deferred[3] == live.built_at + before
+            if pending is None or pending.sequence != live.sequence:
+                assert slot.deferred.due == live.built_at + before
         self._close(doomed)
 
     @precondition(
@@ -587,7 +587,7 @@ class LifecycleRules(RuleBasedStateMachine):
             live is not None
             and live.sequence == sequence
             and pending is not None
-            and pending[0] == sequence
+            and pending.sequence == sequence
         )
         if not applies:
             assert verdict is None
@@ -597,11 +597,13 @@ class LifecycleRules(RuleBasedStateMachine):
         assert verdict is not None
         assert pending is not None
         assert verdict.retired
-        assert pending[1] == verdict.reason
+        assert pending.reason == verdict.reason
         assert slot.live is None
         assert slot.deferred is None
-        assert self._spaced(before, pending[1], deferred=True) == slot.spacing
-        self.retired_by[pending[1]] += 1
+        assert self._spaced(before, pending.reason, deferred=True) == (
+            slot.spacing
+        )
+        self.retired_by[pending.reason] += 1
         self._close(doomed)
 
     # -- environment, overrides, shutdown, fork ----------------------------
@@ -754,8 +756,8 @@ class LifecycleRules(RuleBasedStateMachine):
             assert 0.0 <= stats.backoff <= CAP
             if slot.deferred is not None:
                 assert slot.live is not None
-                assert slot.deferred[0] == slot.live.sequence
-                assert slot.deferred[1] == stats.deferred
+                assert slot.deferred.sequence == slot.live.sequence
+                assert slot.deferred.reason == stats.deferred
             else:
                 assert stats.deferred is None
 

@@ -50,7 +50,7 @@ def _failures() -> None:
     probed = process_singleton(check=_raise, check_every=3600)(Factory())
     probed()
     slot = probed._self_slot
-    assert probed._self_life.due(slot, slot.live.sequence, slot.live.checks)
+    assert probed._self_life.due(slot, slot.live.sequence, slot.live.probes)
     probed()
 
     matched = process_singleton(retire_on=SecretError)(Factory())

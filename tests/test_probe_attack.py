@@ -21,6 +21,7 @@ import pytest
 from helpers import WAIT, Factory, FakeClient, wait_until
 
 from poolkeeper import close_all, process_singleton
+from poolkeeper._records import ProbeDue, Probing
 
 
 class Custom(BaseException):
@@ -67,7 +68,7 @@ HOUR = 3600.0
 def _due(single, slot) -> None:
     """Make the live client's probe due now, as its timer would."""
     live = slot.live
-    assert single._self_life.due(slot, live.sequence, live.checks)
+    assert single._self_life.due(slot, live.sequence, live.probes)
 
 
 async def _until(predicate, timeout: float = WAIT) -> bool:
@@ -112,7 +113,7 @@ class TestSyncCheckRaisesBaseException:
         assert not caplog.records  # Nothing said: the exception is theirs.
         live = slot.live
         assert live.client is client
-        assert (live.sequence, "due") == slot.probe
+        assert ProbeDue(live.sequence) == slot.probe
         assert (0, {}) == (live.leases, live.pins)
         stats = single.statistics()
         assert (0, 0) == (stats.probes, stats.probe_failures)
@@ -164,7 +165,7 @@ class TestAsyncCheckRaisesBaseException:
             assert not caplog.records
             live = slot.live
             assert live.client is client
-            assert (live.sequence, "due") == slot.probe
+            assert ProbeDue(live.sequence) == slot.probe
             assert 0 == live.leases
             stats = single.statistics()
             assert (0, 0) == (stats.probes, stats.probe_failures)
@@ -189,12 +190,12 @@ class TestAsyncCheckRaisesBaseException:
             _due(single, slot)
             prober = asyncio.ensure_future(single())
             assert await _until(lambda: runs)
-            assert slot.probe[1] == "probing"
+            assert type(slot.probe) is Probing
             assert await single() is client  # Served meanwhile.
             prober.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await prober
-            assert (slot.live.sequence, "due") == slot.probe
+            assert ProbeDue(slot.live.sequence) == slot.probe
             assert 0 == slot.live.leases
             assert await single() is client
             assert 2 == len(runs)
@@ -311,7 +312,7 @@ class TestNextProbeTimerEndsFirst:
         old = single()
         slot = single._self_slot
         assert wait_until(lambda: slot.probe is not None)
-        pause = Pause("probe", "verdict = _probed(")
+        pause = Pause("run_probe", "verdict = _report(")
         caller, box = run(pause.run(single))
         assert pause.reached.wait(WAIT)
         timer = slot.live.timers["probe"]

@@ -57,7 +57,7 @@ def _due(single, slot=None) -> None:
     """Make the live client's probe due now, as its timer would."""
     slot = slot or single._self_slot
     live = slot.live
-    assert single._self_life.due(slot, live.sequence, live.checks)
+    assert single._self_life.due(slot, live.sequence, live.probes)
 
 
 def _rotate() -> None:

@@ -30,7 +30,7 @@ import pytest
 from helpers import WAIT, wait_until
 
 from poolkeeper import (
-    _builds,
+    _healing,
     _lease,
     _lifecycle,
     _sync,
@@ -57,18 +57,18 @@ PARTS = {
     "due": [Lifecycle.due],
     "probed": [Lifecycle.probed, Lifecycle.unprobe],
     "drive": [
-        _builds.probe,
-        _builds._probed,
-        _builds._next_probe,
-        _builds.closing,
-        _builds.settle,
+        _healing.run_probe,
+        _healing._report,
+        _healing._next_probe,
+        _healing.closing,
+        _healing.schedule,
     ],
     "retire": [
         Lifecycle.heal,
         Lifecycle.expire,
         Lifecycle._retire_live,
         Lifecycle._retire,
-        _builds.expire,
+        _healing.age_due,
     ],
     "acquire": [_sync.ProcessSingleton._acquire, Lifecycle.built],
     "lease": [
