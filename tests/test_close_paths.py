@@ -408,3 +408,67 @@ def _reported_once(single, client, seen, why: str) -> None:
     messages = [str(w.message) for w in seen]
     assert any(why in m for m in messages), messages
     assert not any("never awaited" in m for m in messages), messages
+
+
+class BusyLoop(asyncio.SelectorEventLoop):
+    """A loop that another thread starts running just as a close runs it."""
+
+    busy = False
+
+    def run_until_complete(self, future):
+        if self.busy:
+            raise RuntimeError("This event loop is already running")
+        return super().run_until_complete(future)
+
+
+class ClosedAtHandOver(asyncio.SelectorEventLoop):
+    """A loop seen running on another thread, closed as a close is handed."""
+
+    pretend = False
+
+    def is_running(self) -> bool:
+        return self.pretend or super().is_running()
+
+    def call_soon_threadsafe(self, *args, **kwargs):
+        if self.pretend:
+            self.pretend = False
+            self.close()
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+class TestLoopStateChangedMeanwhile:
+    def test_an_idle_loop_started_elsewhere_fails_the_close(self, caplog):
+        """Seen idle, then running: the close fails, logged and counted."""
+        single, _ = async_single()
+        idle = BusyLoop()
+        try:
+            client = idle.run_until_complete(single())
+            idle.busy = True
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                close_all()
+                gc.collect()
+        finally:
+            idle.close()
+        assert [] == client.closed_on
+        stats = single.statistics()
+        assert (0, 1) == (stats.closes, stats.close_failures)
+        assert "RuntimeError raised at" in caplog.text
+        messages = [str(w.message) for w in seen]
+        assert not any("never awaited" in m for m in messages), messages
+
+    def test_a_running_loop_closed_at_the_hand_over(self):
+        """Seen running, closed before it took the close: reported."""
+        single, _ = async_single()
+        loop = ClosedAtHandOver()
+        try:
+            client = loop.run_until_complete(single())
+            loop.pretend = True
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                close_all()
+                gc.collect()
+        finally:
+            loop.pretend = False
+            loop.close()
+        _reported_once(single, client, seen, "ended before the close ran")
