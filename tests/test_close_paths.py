@@ -388,10 +388,7 @@ class TestIdleLoopClosedMeanwhile:
         try:
             client = idle.run_until_complete(single())
             idle.closing = True
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                close_all()
-                gc.collect()
+            seen = _close_all_seen()
         finally:
             idle.close()
         _reported_once(single, client, seen, "its event loop is closed")
@@ -444,10 +441,7 @@ class TestLoopStateChangedMeanwhile:
         try:
             client = idle.run_until_complete(single())
             idle.busy = True
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                close_all()
-                gc.collect()
+            seen = _close_all_seen()
         finally:
             idle.close()
         assert [] == client.closed_on
@@ -464,11 +458,17 @@ class TestLoopStateChangedMeanwhile:
         try:
             client = loop.run_until_complete(single())
             loop.pretend = True
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                close_all()
-                gc.collect()
+            seen = _close_all_seen()
         finally:
             loop.pretend = False
             loop.close()
         _reported_once(single, client, seen, "ended before the close ran")
+
+
+def _close_all_seen() -> list[warnings.WarningMessage]:
+    """close_all(), then a collection; return every warning they gave."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        close_all()
+        gc.collect()
+    return seen
