@@ -383,14 +383,7 @@ class ClosingLoop(asyncio.SelectorEventLoop):
 class TestIdleLoopClosedMeanwhile:
     def test_reported_and_nothing_left_unawaited(self):
         """Seen idle, closed before it could run the close: reported."""
-        single, _ = async_single()
-        idle = ClosingLoop()
-        try:
-            client = idle.run_until_complete(single())
-            idle.closing = True
-            seen = _close_all_seen()
-        finally:
-            idle.close()
+        single, client, seen = _close_all_on(ClosingLoop(), "closing")
         _reported_once(single, client, seen, "its event loop is closed")
 
 
@@ -436,14 +429,7 @@ class ClosedAtHandOver(asyncio.SelectorEventLoop):
 class TestLoopStateChangedMeanwhile:
     def test_an_idle_loop_started_elsewhere_fails_the_close(self, caplog):
         """Seen idle, then running: the close fails, logged and counted."""
-        single, _ = async_single()
-        idle = BusyLoop()
-        try:
-            client = idle.run_until_complete(single())
-            idle.busy = True
-            seen = _close_all_seen()
-        finally:
-            idle.close()
+        single, client, seen = _close_all_on(BusyLoop(), "busy")
         assert [] == client.closed_on
         stats = single.statistics()
         assert (0, 1) == (stats.closes, stats.close_failures)
@@ -453,15 +439,7 @@ class TestLoopStateChangedMeanwhile:
 
     def test_a_running_loop_closed_at_the_hand_over(self):
         """Seen running, closed before it took the close: reported."""
-        single, _ = async_single()
-        loop = ClosedAtHandOver()
-        try:
-            client = loop.run_until_complete(single())
-            loop.pretend = True
-            seen = _close_all_seen()
-        finally:
-            loop.pretend = False
-            loop.close()
+        single, client, seen = _close_all_on(ClosedAtHandOver(), "pretend")
         _reported_once(single, client, seen, "ended before the close ran")
 
 
@@ -472,3 +450,19 @@ def _close_all_seen() -> list[warnings.WarningMessage]:
         close_all()
         gc.collect()
     return seen
+
+
+def _close_all_on(loop: asyncio.AbstractEventLoop, flag: str):
+    """Build a client on *loop*, set its *flag*, close_all(): what it gave.
+
+    Returns the singleton, the client and the warnings; *loop* is closed.
+    """
+    single, _ = async_single()
+    try:
+        client = loop.run_until_complete(single())
+        setattr(loop, flag, True)
+        seen = _close_all_seen()
+    finally:
+        setattr(loop, flag, False)
+        loop.close()
+    return single, client, seen
