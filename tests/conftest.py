@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import pytest
 from hypothesis import settings
@@ -24,11 +25,15 @@ def _tracer_left_as_found():
 
     Under coverage that one is coverage's: a test that ends with
     ``sys.settrace(None)`` stops the measurement of every later test on
-    the main thread (CI's coverage fell from 97.5 % to 93.6 % that way).
+    the main thread (CI's coverage fell from 97.5 % to 93.6 % that way),
+    and one that ends with ``threading.settrace(None)`` stops it in every
+    thread started later.
     """
-    before = sys.gettrace()
+    before = sys.gettrace(), threading.gettrace()
     yield
-    assert sys.gettrace() is before, "the test left another tracer set"
+    assert (sys.gettrace(), threading.gettrace()) == before, (
+        "the test left another tracer set"
+    )
 
 
 # Profiles for the state machines: 2,000 examples by default (ci; `make

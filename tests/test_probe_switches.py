@@ -204,6 +204,7 @@ class Probing:
         # Every thread started from now on is traced: the callers and the
         # retirements' workers (expire). The process's one timer thread
         # may have started before: its callbacks (due) are traced by hand.
+        found = threading.gettrace()  # Coverage's, under coverage.
         threading.settrace(tracer)
         run_quietly = _timers._run_quietly
 
@@ -226,7 +227,7 @@ class Probing:
         finally:
             self.stop.set()
             _timers._run_quietly = run_quietly
-            threading.settrace(None)  # type: ignore[arg-type]
+            threading.settrace(found)  # type: ignore[arg-type]
             for thread in threads:
                 thread.join(WAIT)
             sys.setswitchinterval(interval)
