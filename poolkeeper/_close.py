@@ -379,10 +379,11 @@ def close_soon(closer: Closer, record: Record[Any]) -> None:
 
     For the garbage collector's clean-up, which runs on whatever thread
     allocated and must never block there: a sync client is closed here, an
-    async one is handed to its loop (a running loop) or to a helper thread
-    (an idle loop), and nothing waits for them. An ``Exception`` is logged
-    and counted; what a close on another thread raised otherwise is logged
-    there (it has no caller to reach).
+    async one is handed to its loop, which closes it when its own thread
+    runs it (an idle loop is never run from another thread: its own may
+    start it at any moment), and nothing waits for them. An ``Exception``
+    is logged and counted; what a close on another thread raised otherwise
+    is logged there (it has no caller to reach).
     """
     try:
         loop = _owner(closer, record)
@@ -390,17 +391,15 @@ def close_soon(closer: Closer, record: Record[Any]) -> None:
             return
         if loop is _running_loop():
             _close_anywhere(closer, record)  # A task of this loop's.
-        elif loop.is_running():
+        else:
+            # Running on another thread, or idle: the close runs on the
+            # loop, when its own thread runs it next (an idle loop is never
+            # run from here: its thread may be about to run it too); a loop
+            # closed first reports it (see _HandOver).
             future = hand_over(closer, record, loop)
             future.add_done_callback(
                 functools.partial(_report, closer, record)
             )
-        else:
-            threading.Thread(
-                target=_report_idle,
-                args=(closer, record, loop),
-                name="poolkeeper-close",
-            ).start()
     except Exception as exc:  # noqa: BLE001 -- logged and counted.
         closer.failed(record, exc)
 
@@ -433,19 +432,6 @@ def _report(
             "failed; it was dropped.",
             error,
         )
-
-
-def _report_idle(
-    closer: Closer, record: Record[Any], loop: asyncio.AbstractEventLoop
-) -> None:
-    future: concurrent.futures.Future[BaseException | None] = (
-        concurrent.futures.Future()
-    )
-    try:
-        future.set_result(_run_idle(closer, record, loop))
-    except BaseException as exc:  # noqa: BLE001 -- logged by _report.
-        future.set_result(exc)
-    _report(closer, record, future)
 
 
 async def aclose_anywhere(closer: Closer, record: Record[Any]) -> None:
@@ -583,11 +569,15 @@ class _HandOver:
         """The loop ended, or refused the hand-over: the close never ran."""
         record, self.record = self.record, None
         if record is None:
-            return
+            return  # Started: its task settles the future.
         try:
-            self.closer.unclosed(
-                record, "its event loop ended before the close ran", _LOOP_HINT
-            )
+            # Unless another close (close_all()) claimed it meanwhile.
+            if self.closer.life.owes(record):
+                self.closer.unclosed(
+                    record,
+                    "its event loop ended before the close ran",
+                    _LOOP_HINT,
+                )
         finally:
             if self.future.set_running_or_notify_cancel():
                 self.future.set_result(None)
