@@ -48,8 +48,9 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
         # At a loop's end asyncio.run() cancels every task before the
         # loop's shutdown closes this client: close() re-raises the
         # cancellation of the Socket.IO read loop from its last step (the
-        # dispatcher's disconnect), after its HTTP sessions were closed.
-        # This close was not cancelled: the steps below run.
+        # dispatcher's disconnect), after its HTTP sessions were closed
+        # (older SDKs: of a task that step cancelled). This close was not
+        # cancelled: the steps below run.
     if dispatcher is None:
         return
     if sio is None:
@@ -61,18 +62,44 @@ async def aclose_daytona(client: daytona.AsyncDaytona) -> None:
     if shutdown is not None:
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
             await asyncio.wait_for(shutdown(), _SHUTDOWN_SECONDS)
+    await _close_websocket(sio)
+
+
+async def _close_websocket(sio: object) -> None:
+    """Close the engine.io websocket of *sio* if its disconnect left it open.
+
+    python-engineio's disconnect skips the websocket's close when its read
+    loop ended first (seen with daytona 0.203.0 against the emulator, one
+    close in a few dozen): the client reports "disconnected" while the
+    websocket and its aiohttp connection stay open, and aiohttp warns
+    "Unclosed connection" once they are collected. Newer SDKs wait for
+    that close themselves; then there is nothing left to do here.
+    """
+    ws = getattr(getattr(sio, "eio", None), "ws", None)
+    close = getattr(ws, "close", None)
+    if getattr(ws, "closed", True) or not callable(close):
+        return
+    try:
+        await asyncio.wait_for(close(), _SHUTDOWN_SECONDS)
+    except Exception as exc:  # noqa: BLE001 -- logged (a timeout too).
+        log_failure("Closing the Socket.IO websocket failed.", exc)
 
 
 def _sdk_task_cancelled(sio: object) -> bool:
-    """Whether a CancelledError came from the SDK's cancelled read loop.
+    """Whether a CancelledError came from one of the SDK's own tasks.
 
     Not from the task running the close: that one is cancelled by its
-    caller (Python 3.11+ counts it: ``Task.cancelling()``).
+    caller. Python 3.11+ counts such a cancellation (``Task.cancelling()``),
+    so a CancelledError with none counted is the SDK's: ``close()``
+    re-raises the cancellation of its Socket.IO read loop (cancelled by
+    ``asyncio.run()`` at a loop's end), or, in older SDKs (0.203.0), of a
+    disconnect task it cancelled itself. On 3.10 only the read loop's is
+    recognised.
     """
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
-    if callable(cancelling) and cancelling():
-        return False
+    if callable(cancelling):
+        return not cancelling()
     reader = getattr(getattr(sio, "eio", None), "read_loop_task", None)
     cancelled = getattr(reader, "cancelled", None)
     return callable(cancelled) and bool(cancelled())

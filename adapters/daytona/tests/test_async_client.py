@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 
 from daytona_test_helpers import wait_for
 
@@ -130,4 +132,50 @@ class TestAsyncDaytonaClient:
         )
         assert wait_for(
             lambda: not daytona_emulator.open_connections("async-loop-end")
+        )
+
+
+class TestSocketIOClosed:
+    """The SDK's Socket.IO websocket is closed with its client."""
+
+    ROUNDS = 30
+
+    def test_no_websocket_is_left_open(self, sdk_env, daytona_emulator):
+        """Each round creates and deletes four sandboxes, then resets.
+
+        Two ways an older SDK (0.203.0) left a close undone, each in about
+        one run of this test in five before they were handled:
+        python-engineio's disconnect skipped the websocket's close when its
+        read loop ended first, so the websocket's aiohttp connection stayed
+        open (aiohttp warned "Unclosed connection" when it was collected);
+        and the SDK's close() re-raised the cancellation of a task it had
+        cancelled itself, which read as this close cancelled.
+        """
+        sdk_env.setenv("DAYTONA_API_KEY", "async-sio-closed")
+        before = async_daytona_client.statistics()
+
+        async def main() -> None:
+            for _ in range(self.ROUNDS):
+                client = await async_daytona_client()
+                sandboxes = await asyncio.gather(
+                    *[client.create() for _ in range(4)]
+                )
+                await asyncio.gather(*[client.delete(s) for s in sandboxes])
+                assert await async_daytona_client.reset()
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            asyncio.run(main())
+            gc.collect()
+        unclosed = [w for w in seen if "Unclosed" in str(w.message)]
+        assert [] == unclosed
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("async-sio-closed")
+        )
+        after = async_daytona_client.statistics()
+        # Each close ran whole: none was cut short by a cancellation the
+        # SDK's close re-raised (0.203.0 re-raised one it caused itself).
+        assert (before.closes + self.ROUNDS, before.close_failures) == (
+            after.closes,
+            after.close_failures,
         )
