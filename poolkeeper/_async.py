@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast, final
 
 import wrapt
 
@@ -23,6 +23,7 @@ from poolkeeper import _events as events
 from poolkeeper import _loops
 from poolkeeper._builds import (
     BuildRun,
+    Rounds,
     aended,
     building,
     read_key,
@@ -33,7 +34,6 @@ from poolkeeper._close import _LOOP_HINT, Closer, aclose_here, arun_each
 from poolkeeper._healing import (
     arun_probe,
     error_name,
-    give_back,
     monotonic,
     schedule,
     start_timers,
@@ -52,7 +52,6 @@ from poolkeeper._lifecycle import (
     Probe,
     Serve,
     Wait,
-    constant,
 )
 
 if TYPE_CHECKING:
@@ -87,9 +86,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
     _self_life: Lifecycle[T]
     _self_closer: Closer
     _self_retire_on: Callable[[BaseException], bool] | None
-    # (epoch, slot, sequence): the slot's record built *sequence*-th
-    # matched the key read at *epoch* (see _get).
-    _self_seen: tuple[int, Slot | None, int]
+    # The record a pushed key's call was last served (see _get).
+    _self_seen: Seen
 
     def __call__(
         self, *args: object, **kwargs: object
@@ -122,13 +120,14 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         # read, no lock. Otherwise _acquire arms this loop. Held by slot
         # and build sequence: a record (its client) is never kept alive
         # from here once its slot lets go of it.
-        epoch, slot, sequence = self._self_seen
-        if slot is not None and epoch == life.epoch:
+        seen = self._self_seen
+        slot = seen.slot
+        if slot is not None and seen.epoch == life.epoch:
             loop = asyncio.get_running_loop()
             live = slot.live
             if (
                 live is not None
-                and live.sequence == sequence
+                and live.sequence == seen.sequence
                 and slot.probe is None
                 and slot.loop() is loop
                 and _loops.kept(type(self), loop)
@@ -165,12 +164,12 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    async def _acquire(self) -> Record[T]:  # noqa: C901, PLR0912, PLR0915
-        life = self._self_life
-        if life.fork_errors:
-            report_fork_errors(self._self_name, life.fork_errors)
-        slot = self._slot()
+    async def _acquire(self) -> Record[T]:
+        life, closer = self._self_life, self._self_closer
         name, key = self._self_name, self._self_key
+        if life.fork_errors:
+            report_fork_errors(name, life.fork_errors)
+        slot = self._slot()
         epoch, key_hash, value, began, until = read_key(life, key, name)
         live = slot.live
         # No lock: this slot's clients are only ever closed on this loop,
@@ -183,75 +182,42 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             and live.matches(key_hash, value)
         ):
             return live
-        # Then ask the lifecycle, as the sync driver does (see its
-        # _acquire); a slot dropped meanwhile (its loop ended) is replaced.
+        # Then ask the lifecycle and act on its answer, as the sync driver
+        # does (the asking is _builds.Rounds'); a slot dropped meanwhile
+        # (its loop ended) is replaced.
         owner = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        # The slot and wake-up of this call's latest request.
-        asked: tuple[Slot | None, asyncio.Future[None] | None] = (None, None)
-        try:
-            for _ in range(MAX_ROUNDS):
-                if slot.dropped:
-                    slot = self._slot()
-                    epoch, key_hash, value, began, until = read_key(
-                        life, key, name
-                    )
-                    continue
-                asked = slot, loop.create_future()
-                live = slot.live
-                matched = live is not None and live.matches(key_hash, value)
-                step = life.request(
-                    slot,
-                    live,
-                    matched,
-                    key_hash,
-                    value,
-                    epoch,
-                    owner,
-                    constant(asked[1]),
-                    began=began,
-                    ended=until,
-                )
+        with Rounds(
+            life,
+            slot,
+            key,
+            name,
+            closer,
+            owner,
+            loop.create_future,
+            _wake,
+            (epoch, key_hash, value, began, until),
+            reslot=self._slot,
+        ) as rounds:
+            step = rounds.ask()
+            while True:  # Bounded: ask() gives up after MAX_ROUNDS.
                 match step:
-                    case None:  # Read the key and compare again.
-                        pass
                     case Serve(record=record):
                         if life.pushed:  # Only a pushed key's is reused.
-                            seen = (epoch, record.slot, record.sequence)
-                            self._self_seen = seen
+                            self._self_seen = Seen(
+                                rounds.epoch, record.slot, record.sequence
+                            )
                         return record
                     case Probe(record=record):
-                        # As in the sync driver: this task probes, and
-                        # returns the client only if it is still live.
-                        if await arun_probe(life, self._self_closer, record):
-                            continue
-                        if life.still_live(record):
-                            return record
+                        again = await arun_probe(life, closer, record)
+                        step = rounds.probed(record, again=again)
                     case Build(ticket=ticket):
                         await self._build(ticket, loop)
-                        if ticket.record:
-                            # Served what it built, if still live.
-                            key_hash, value = ticket.key_hash, ticket.key.value
-                            continue
+                        step = rounds.built(ticket)
                     case Wait(ticket=ticket):
                         with waiting(owner, ticket):
                             await aended(ticket)
-                        error = ticket.error_for(key_hash, value)
-                        if error is not None:
-                            raise error  # noqa: TRY301 -- the build's, as is.
-                epoch, key_hash, value, began, until = read_key(
-                    life, key, name
-                )
-            why = "retired" if key is None else "build"
-            raise too_many_rounds(name, why)  # noqa: TRY301
-        except BaseException:
-            done = asked[1]
-            try:
-                if done is not None and life.settle_unbegun(asked[0], done):
-                    done.set_result(None)
-            finally:
-                give_back(life, self._self_closer, asked[0], done)
-            raise
+                        step = rounds.waited(ticket)
 
     async def _build(
         self, ticket: Ticket, loop: asyncio.AbstractEventLoop
@@ -300,14 +266,8 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         """
         slot = self._slot()
         now = asyncio.get_running_loop().time()
-        life = self._self_life
-        doomed: list[Record[T]] = []
-        verdict: Verdict | None = None
-        try:
-            verdict = life.reset(slot, now, doomed)
-        finally:
-            await self._said(verdict, doomed)
-        return schedule(life, self._self_closer, slot, verdict)
+        reset = functools.partial(self._self_life.reset, slot, now)
+        return await self._retire(slot, reset)
 
     async def retire(self, client: T) -> bool:
         """Retire *client* if it is still the running loop's live client.
@@ -330,25 +290,28 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
         slot = self._running_slot()
         if slot is None:
             return False
-        life = self._self_life
+        name = error_name(error)
+        heal = functools.partial(
+            self._self_life.heal, slot, client, reason, name
+        )
+        return await self._retire(slot, functools.partial(heal, monotonic()))
+
+    async def _retire(
+        self,
+        slot: Slot,
+        decide: Callable[[list[Record[T]]], Verdict | None],
+    ) -> bool:
+        # As the sync driver's: said, closed (on this loop), scheduled.
         doomed: list[Record[T]] = []
         verdict: Verdict | None = None
         try:
-            verdict = life.heal(
-                slot, client, reason, error_name(error), monotonic(), doomed
-            )
+            verdict = decide(doomed)
         finally:
-            await self._said(verdict, doomed)
-        return schedule(life, self._self_closer, slot, verdict)
-
-    async def _said(
-        self, verdict: Verdict | None, doomed: list[Record[T]]
-    ) -> None:
-        # A retirement is said (retired, or deferred), then closed.
-        try:
-            events.say(self._self_name, verdict)
-        finally:
-            await self._close(doomed)
+            try:
+                events.say(self._self_name, verdict)
+            finally:
+                await self._close(doomed)
+        return schedule(self._self_life, self._self_closer, slot, verdict)
 
     async def _retire_on(self, client: object, error: BaseException) -> None:
         # As the sync driver's: never raises an Exception.
@@ -427,10 +390,7 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return None
-        slot = self._self_life.slots.get(id(loop))
-        if slot is None or slot.loop is None or slot.loop() is not loop:
-            return None
-        return slot
+        return self._self_life.loop_slot(loop)
 
     def statistics(self) -> Statistics:
         """Return counters over all loops; live fields for the running one.
@@ -447,6 +407,29 @@ class AsyncProcessSingleton(Identity[T], _Base, Generic[T]):
             f"<poolkeeper.AsyncProcessSingleton {self._self_name} "
             f"({len(life.slots)} loops, pid {life.pid})>"
         )
+
+
+@final
+class Seen:
+    """The record a pushed key's call was last served, by slot and number.
+
+    It matched the key read at *epoch*: while that epoch stands (no key
+    changed since) and the slot's live record is still the *sequence*-th it
+    built, an await on the slot's loop is served it without reading the key
+    (see ``_get``). Held by number, so that a record (its client) is never
+    kept alive from here once its slot lets go of it. Replaced whole.
+    """
+
+    __slots__ = ("epoch", "sequence", "slot")
+
+    def __init__(self, epoch: int, slot: Slot | None, sequence: int) -> None:
+        self.epoch = epoch
+        self.slot = slot
+        self.sequence = sequence
+
+
+#: Nothing served yet: no epoch is -1.
+NOT_SEEN: Final = Seen(-1, None, 0)
 
 
 def _wake(done: asyncio.Future[None]) -> None:

@@ -1,10 +1,12 @@
-"""What both drivers do alike: read the key, wait for a build, run one.
+"""What both drivers do alike: read the key, ask, wait for a build, run one.
 
-Each driver asks the lifecycle what to do next in a loop of its own
-(``_sync._acquire``, ``_async._acquire``: request, then serve, wait or
-build, until served). Around that loop, one rule for the sync driver
-(threads and events) and the async one (tasks and futures):
+One rule for the sync driver (threads and events) and the async one
+(tasks and futures):
 
+- **The rounds** (:class:`Rounds`): a call that missed its hit path asks
+  the lifecycle what to do (``Lifecycle.request``), does it, and asks
+  again until it is served. The asking is here; the doing stays in each
+  driver's ``_acquire`` (a thread blocks where a task awaits).
 - **The key** (:func:`read_key`): its value and hash, read after the
   epoch, so that a change between the two keeps the hit path disarmed.
 - **Waits** (:func:`waiting`, :func:`ended`, :func:`aended`): reentrancy
@@ -61,11 +63,14 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from poolkeeper import _adapters
 from poolkeeper import _events as events
+from poolkeeper._healing import give_back
 from poolkeeper._identity import (
     evaluate_key,
     hash_key,
     key_fingerprint,
+    too_many_rounds,
 )
+from poolkeeper._lifecycle import MAX_ROUNDS, Serve, constant
 from poolkeeper._records import under
 from poolkeeper.exceptions import ReentrantBuildError
 
@@ -73,9 +78,24 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Generator
     from types import TracebackType
 
-    from poolkeeper._lifecycle import Lifecycle, Record, Ticket
+    from poolkeeper._close import Closer
+    from poolkeeper._lifecycle import (
+        Build,
+        Lifecycle,
+        Probe,
+        Record,
+        Slot,
+        Ticket,
+        Wait,
+    )
+
+    #: What a round answers: serve a record, or what to do before asking
+    #: again (see Rounds).
+    Step = Serve | Probe | Build | Wait
 
 T = TypeVar("T")
+#: A driver's wake-up of a build's waiters: an event or a future.
+W = TypeVar("W")
 
 #: No value yet: no client built, no key read.
 NOTHING: Final[Any] = object()
@@ -164,6 +184,189 @@ class BuildRun(Generic[T]):
                     life.built(ticket, client, fingerprint, now, self.doomed)
         finally:
             self.wake(ticket.done)
+
+
+class Rounds(Generic[W]):
+    """One call's rounds with the lifecycle, alike for both drivers.
+
+    A call that missed its hit path asks the lifecycle what to do
+    (:meth:`Lifecycle.request`), does it, and asks again, until it is
+    served: at most ``MAX_ROUNDS`` times. The asking is here: the key read
+    between rounds, the comparison with the live record, the request and
+    its wake-up (an event or a future, made by *wakeup*). The doing is the
+    driver's, and all that differs between the two: in a ``with`` block of
+    the rounds, the driver matches the step :meth:`ask` answered. It
+    returns a ``Serve``'s record; it probes a ``Probe``'s record, builds a
+    ``Build``'s ticket or waits for a ``Wait``'s (a thread blocks where a
+    task awaits), then takes the next step from :meth:`probed`,
+    :meth:`built` or :meth:`waited`, which ask again.
+
+    A call unwinding by an exception, at whatever line, leaves the block
+    through ``__exit__``, which settles what its latest request began and
+    nothing else would: a build not begun (its waiters retry), a probe
+    handed to it and not reported (given back).
+
+    *read* is the call's first read of the key (see :func:`read_key`),
+    made by the driver, before the rounds: an async call first compares
+    it with its loop's live record without asking. *reslot* gives a new
+    slot for one the lifecycle dropped meanwhile (an async call's: its
+    loop's slot, when the loop ended); a thread's slot is never dropped.
+    """
+
+    __slots__ = (
+        "began",
+        "closer",
+        "done",
+        "ended",
+        "epoch",
+        "key",
+        "key_hash",
+        "life",
+        "name",
+        "owner",
+        "reslot",
+        "rounds",
+        "slot",
+        "value",
+        "wake",
+        "wakeup",
+    )
+
+    def __init__(  # noqa: PLR0913, PLR0917 -- what a call has, as it has it.
+        self,
+        life: Lifecycle[Any],
+        slot: Slot,
+        key: Callable[[], object] | None,
+        name: str,
+        closer: Closer,
+        owner: object,
+        wakeup: Callable[[], W],
+        wake: Callable[[W], object],
+        read: tuple[int, int, object, int, int],
+        reslot: Callable[[], Slot] | None = None,
+    ) -> None:
+        self.life = life
+        self.slot = slot
+        self.key = key
+        self.name = name
+        self.closer = closer
+        self.owner = owner  # The thread's id, or the task.
+        self.wakeup = wakeup
+        self.wake = wake
+        self.reslot = reslot
+        self.epoch, self.key_hash, self.value, self.began, self.ended = read
+        # The wake-up of the latest request, made on self.slot (an async
+        # call's slot changes only between requests, whose steps are done).
+        self.done: W | None = None
+        self.rounds = 0
+
+    def __enter__(self) -> Rounds[W]:
+        """Return the rounds."""
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Settle what the latest request began, if the call unwinds."""
+        if exc is None:
+            return
+        life, slot, done = self.life, self.slot, self.done
+        try:
+            if done is not None and life.settle_unbegun(slot, done):
+                self.wake(done)
+        finally:
+            give_back(life, self.closer, slot, done)
+
+    def ask(self) -> Step:
+        """Ask the lifecycle until it answers a step; read the key between.
+
+        Raises:
+            PoolkeeperError: After ``MAX_ROUNDS`` requests: the client was
+                retired, or its key changed, before each could be served.
+        """
+        life = self.life
+        while self.rounds < MAX_ROUNDS:
+            self.rounds += 1
+            slot = self.slot
+            if slot.dropped and self.reslot is not None:
+                self.slot = self.reslot()
+                self.read()
+                continue
+            done = self.wakeup()
+            self.done = done
+            live = slot.live
+            # Compared here, with no lock held (a key's __eq__ is user
+            # code); request() says if the live record changed meanwhile.
+            matched = live is not None and live.matches(
+                self.key_hash, self.value
+            )
+            step = life.request(
+                slot,
+                live,
+                matched,
+                self.key_hash,
+                self.value,
+                self.epoch,
+                self.owner,
+                constant(done),
+                began=self.began,
+                ended=self.ended,
+            )
+            if step is not None:
+                return step
+            self.read()  # Read the key and compare again.
+        raise too_many_rounds(
+            self.name, "retired" if self.key is None else "build"
+        )
+
+    def probed(self, record: Record[Any], *, again: bool) -> Step:
+        """The call probed *record*: serve it, or ask again.
+
+        *again*: the probe retired it (it failed; see ``run_probe``). A
+        record another call retired while the probe ran is no longer live,
+        and is not served either: the key is read and the call asks again.
+        """
+        if again:
+            return self.ask()
+        if self.life.still_live(record):
+            return Serve(record)
+        self.read()
+        return self.ask()
+
+    def built(self, ticket: Ticket) -> Step:
+        """The call ran *ticket*'s build: ask to be served what it built.
+
+        A build that made its client live is asked for with its own key
+        (the key may have changed while it ran); one that did not, with
+        the key read anew.
+        """
+        if ticket.record is not None:
+            self.key_hash, self.value = ticket.key_hash, ticket.key.value
+        else:
+            self.read()
+        return self.ask()
+
+    def waited(self, ticket: Ticket) -> Step:
+        """The call waited for *ticket*'s build: ask again.
+
+        Raises:
+            BaseException: The build's error, as is, if it was a build for
+                this call's key (another key's failure is not the call's).
+        """
+        error = ticket.error_for(self.key_hash, self.value)
+        if error is not None:
+            raise error
+        self.read()
+        return self.ask()
+
+    def read(self) -> None:
+        """Read the key anew (see :func:`read_key`)."""
+        self.epoch, self.key_hash, self.value, self.began, self.ended = (
+            read_key(self.life, self.key, self.name)
+        )
 
 
 def refuse_coroutine(name: str, made: dict[None, Any]) -> None:

@@ -33,7 +33,7 @@ from typing import (
 )
 
 from poolkeeper import _loops, _registry, _threads, keys
-from poolkeeper._async import AsyncProcessSingleton
+from poolkeeper._async import NOT_SEEN, AsyncProcessSingleton
 from poolkeeper._close import Closer
 from poolkeeper._filekeys import FileKey
 from poolkeeper._healing import CHECK_EVERY, matcher
@@ -760,7 +760,7 @@ def make_async(
         _loops.arm, cls, weakref.ref(single), options.name
     )
     life, closer = _wire(single, options, arming, is_async=True)
-    single._self_seen = (-1, None, 0)
+    single._self_seen = NOT_SEEN
     entry = _registry.Entry(
         life,
         closer,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 from poolkeeper._lifecycle import HEALING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator, Iterable
+    from collections.abc import Callable, Generator, Iterable, Mapping
     from types import CodeType, FrameType
 
     from opentelemetry.metrics import (
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     )
 
     from poolkeeper._lifecycle import Lifecycle
-    from poolkeeper._records import Verdict
+    from poolkeeper._records import Census, Verdict
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -456,10 +456,10 @@ def after_fork_in_child() -> None:
     _lock = threading.Lock()
 
 
-#: The registry's view, installed by _registry (no import cycle): yields
-#: (name, live clients, retired clients, leases) per singleton.
-census: Callable[[], Iterable[tuple[str, int, int, int, int]]]
-census = tuple
+#: The registry's view, installed by _registry (no import cycle): the
+#: counts of the singletons of each name.
+census: Callable[[], Mapping[str, Census]]
+census = dict
 #: Whether watch() asked for the process's descriptors and threads.
 _process_gauges = False
 
@@ -689,13 +689,16 @@ def _observations(
 def _observe_open(options: CallbackOptions) -> list[Observation]:
     del options
     rows: list[tuple[float, dict[str, str]]] = []
-    for name, live, retired, _, _ in census():
+    for name, counts in census().items():
         rows.append(
-            (live, {"poolkeeper.singleton": name, "poolkeeper.state": "live"})
+            (
+                counts.live,
+                {"poolkeeper.singleton": name, "poolkeeper.state": "live"},
+            )
         )
         rows.append(
             (
-                retired,
+                counts.retired,
                 {"poolkeeper.singleton": name, "poolkeeper.state": "retired"},
             )
         )
@@ -705,16 +708,16 @@ def _observe_open(options: CallbackOptions) -> list[Observation]:
 def _observe_leases(options: CallbackOptions) -> list[Observation]:
     del options
     return _observations(
-        (leases, {"poolkeeper.singleton": name})
-        for name, _, _, leases, _ in census()
+        (counts.leases, {"poolkeeper.singleton": name})
+        for name, counts in census().items()
     )
 
 
 def _observe_held(options: CallbackOptions) -> list[Observation]:
     del options
     return _observations(
-        (held, {"poolkeeper.singleton": name})
-        for name, _, _, _, held in census()
+        (counts.held, {"poolkeeper.singleton": name})
+        for name, counts in census().items()
     )
 
 

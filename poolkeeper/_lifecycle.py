@@ -42,9 +42,10 @@ I6. Fork. ``forget_parent`` takes no lock (another thread may have held
     it at the fork), logs nothing and never raises.
 
 Lock-free decisions are this module's, as named queries (``override``,
-``owed_besides``, ``holds_on``, ``holders``, ``ended_slots``, ``census``,
-``build_cause``, ``has_timers``; ``Record.matches``, ``is_closed``,
-``is_retired``, ``is_abandoned``), except
+``owed_besides``, ``holds_on``, ``holders``, ``ended_slots``,
+``loop_slot``, ``census``, ``build_cause``, ``has_timers``;
+``Record.matches``, ``is_closed``, ``is_retired``, ``is_abandoned``;
+``Slot.has_client``), except
 those on hot paths, which read the records inline because a call there
 would add a Python frame to every call:
 
@@ -122,6 +123,7 @@ from poolkeeper._records import (
     ALL,
     DONE,
     Build,
+    Census,
     ClientState,
     Deferral,
     Ended,
@@ -1051,6 +1053,17 @@ class Lifecycle(Generic[T]):
                 ended.append(slot)
         return ended
 
+    def loop_slot(self, loop: object) -> Slot | None:
+        """The slot of event loop *loop*, if it has one.
+
+        Not a slot of an earlier loop that had the same ``id()``. Lock-free:
+        one dictionary read, then the slot's weak reference.
+        """
+        slot = self.slots.get(id(loop))
+        if slot is None or slot.loop is None or slot.loop() is not loop:
+            return None
+        return slot
+
     def holders(self) -> list[Record[Any]]:
         """The records holding a client: each slot's live and retired ones.
 
@@ -1064,7 +1077,7 @@ class Lifecycle(Generic[T]):
             if record is not None
         ]
 
-    def census(self) -> tuple[int, int, int, int]:
+    def census(self) -> Census:
         """Clients live and retired, leases and clients held open, now.
 
         For the metrics' observers. Lock-free: the slots and each slot's
@@ -1072,11 +1085,11 @@ class Lifecycle(Generic[T]):
         """
         slots = list(self.slots.values())
         records = self.holders()
-        return (
-            sum(slot.live is not None for slot in slots),
-            sum(len(slot.retired) for slot in slots),
-            sum(r.leases - r.dependents + len(r.pins) for r in records),
-            sum(1 for r in records if r.dependents and r.is_retired()),
+        return Census(
+            live=sum(slot.live is not None for slot in slots),
+            retired=sum(len(slot.retired) for slot in slots),
+            leases=sum(r.leases - r.dependents + len(r.pins) for r in records),
+            held=sum(1 for r in records if r.dependents and r.is_retired()),
         )
 
     @locked

@@ -329,10 +329,43 @@ class Slot:
         # None between probes.
         self.probe: ProbeDue | Probing | None = None
 
+    def has_client(self) -> bool:
+        """Whether a client is live in this slot.
+
+        In a forked child: whether the slot kept its client (``fork="keep"``);
+        an abandoned one is not live there.
+        """
+        return self.live is not None
+
 
 # -- healing's state ---------------------------------------------------------
 # A slot's probe and deferral are values, replaced whole in one store: a
 # transition that changes them commits one new record, never a field.
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Census:
+    """A singleton's clients and holds, now: what the metrics observe.
+
+    Clients *live* and *retired* (not yet closed), *leases* held (pins
+    too), and retired clients *held* open by objects made from them
+    (``made_from``). Singletons of one name add up (``+``).
+    """
+
+    live: int = 0
+    retired: int = 0
+    leases: int = 0
+    held: int = 0
+
+    def __add__(self, other: Census) -> Census:
+        """The counts of both."""
+        return Census(
+            self.live + other.live,
+            self.retired + other.retired,
+            self.leases + other.leases,
+            self.held + other.held,
+        )
 
 
 @final

@@ -37,7 +37,7 @@ from poolkeeper._close import (
     run_each,
 )
 from poolkeeper._lease import loosen
-from poolkeeper._records import Slot, is_owned, under
+from poolkeeper._records import Census, Slot, is_owned, under
 from poolkeeper.exceptions import PoolkeeperWarning
 
 if TYPE_CHECKING:
@@ -88,20 +88,22 @@ abandoned: list[object] = []
 fork_notes: list[str] | None = None
 
 
-def census() -> list[tuple[str, int, int, int, int]]:
+#: No client, no hold: what a name's count starts from.
+NO_CLIENTS = Census()
+
+
+def census() -> dict[str, Census]:
     """Per singleton name: live and retired clients, leases, held open.
 
     For OpenTelemetry's observable instruments (see _events), read
     lock-free when a reader collects. Singletons of one name add up. Held
     open: retired clients that objects made from them hold (made_from).
     """
-    rows: dict[str, tuple[int, int, int, int]] = {}
+    counts: dict[str, Census] = {}
     for entry in list(_entries):
         life = entry.life
-        row = life.census()
-        a, b, c, d = rows.get(life.name, (0, 0, 0, 0))
-        rows[life.name] = (row[0] + a, row[1] + b, row[2] + c, row[3] + d)
-    return [(name, *row) for name, row in rows.items()]
+        counts[life.name] = counts.get(life.name, NO_CLIENTS) + life.census()
+    return counts
 
 
 _events.census = census
@@ -334,7 +336,7 @@ def _kept(timer: _timers.Timer) -> bool:
     slot = timer.owner
     if slot is _dependents.SWEEP:
         return True  # Objects made from kept clients still hold them.
-    return isinstance(slot, Slot) and slot.live is not None
+    return isinstance(slot, Slot) and slot.has_client()
 
 
 def made_from(obj: T, client: object) -> T:

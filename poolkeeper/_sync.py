@@ -22,6 +22,7 @@ from poolkeeper import _events as events
 from poolkeeper._builds import (
     NOTHING,
     BuildRun,
+    Rounds,
     building,
     ended,
     read_key,
@@ -32,7 +33,6 @@ from poolkeeper._builds import (
 from poolkeeper._close import Closer, run_each
 from poolkeeper._healing import (
     error_name,
-    give_back,
     monotonic,
     run_probe,
     schedule,
@@ -42,18 +42,15 @@ from poolkeeper._identity import (
     Identity,
     no_arguments,
     report_fork_errors,
-    too_many_rounds,
 )
 from poolkeeper._lease import loosen
 from poolkeeper._lifecycle import (
-    MAX_ROUNDS,
     Build,
     ClientState,
     Lifecycle,
     Probe,
     Serve,
     Wait,
-    constant,
 )
 from poolkeeper._proxy import ClientProxy, HealingProxy
 
@@ -220,79 +217,44 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
 
     # -- calls --------------------------------------------------------------
 
-    def _acquire(  # noqa: C901, PLR0912
-        self, value: object, began: int = 0
-    ) -> Record[T]:
-        # Ask the lifecycle, act on its answer, until served (see
-        # Lifecycle.request). The key is compared here, with no lock held
-        # (its __eq__ is user code); request() says if the live record
-        # changed meanwhile. A thread's slot is never dropped.
-        life, slot = self._self_life, self._self_slot
+    def _acquire(self, value: object, began: int = 0) -> Record[T]:
+        # Ask the lifecycle, act on its answer, until served (the asking,
+        # alike for both drivers, is _builds.Rounds'). The first read of
+        # the key is the polled hit path's, if it made one (*value*).
+        life, closer = self._self_life, self._self_closer
         name, key = self._self_name, self._self_key
         if life.fork_errors:
             report_fork_errors(name, life.fork_errors)
         me = threading.get_ident()
-        epoch, key_hash, value, began, until = read_key(
-            life, key, name, value, began
-        )
-        # The wake-up of this call's latest request, with its slot: a call
-        # unwinding by an exception gives them to settle_unbegun().
-        asked: tuple[Slot | None, threading.Event | None] = (None, None)
-        try:
-            for _ in range(MAX_ROUNDS):
-                asked = slot, threading.Event()
-                live = slot.live
-                matched = live is not None and live.matches(key_hash, value)
-                step = life.request(
-                    slot,
-                    live,
-                    matched,
-                    key_hash,
-                    value,
-                    epoch,
-                    me,
-                    constant(asked[1]),
-                    began=began,
-                    ended=until,
-                )
+        read = read_key(life, key, name, value, began)
+        with Rounds(
+            life,
+            self._self_slot,
+            key,
+            name,
+            closer,
+            me,
+            threading.Event,
+            threading.Event.set,
+            read,
+        ) as rounds:
+            step = rounds.ask()
+            while True:  # Bounded: ask() gives up after MAX_ROUNDS.
                 match step:
-                    case None:  # Read the key and compare again.
-                        pass
                     case Serve(record=record):
                         return record
                     case Probe(record=record):
-                        # This call runs the probe; the others are served
-                        # meanwhile. Failed, or retired by another thread
-                        # meanwhile: ask again.
-                        if run_probe(life, self._self_closer, record):
-                            continue
-                        if life.still_live(record):
-                            return record
+                        # This call runs the probe; others are served
+                        # meanwhile.
+                        again = run_probe(life, closer, record)
+                        step = rounds.probed(record, again=again)
                     case Build(ticket=ticket):
                         self._build(ticket)
-                        if ticket.record:
-                            # Served what it built, if still live.
-                            key_hash, value = ticket.key_hash, ticket.key.value
-                            continue
+                        step = rounds.built(ticket)
                     case Wait(ticket=ticket):
                         with waiting(me, ticket):
                             ended(ticket)
-                        error = ticket.error_for(key_hash, value)
-                        if error is not None:
-                            raise error  # noqa: TRY301 -- the build's, as is.
-                epoch, key_hash, value, began, until = read_key(
-                    life, key, name
-                )
-            why = "retired" if key is None else "build"
-            raise too_many_rounds(name, why)  # noqa: TRY301
-        except BaseException:
-            done = asked[1]
-            try:
-                if done is not None and life.settle_unbegun(asked[0], done):
-                    done.set()
-            finally:
-                give_back(life, self._self_closer, asked[0], done)
-            raise
+                        step = rounds.waited(ticket)
 
     def _build(self, ticket: Ticket) -> None:
         # Runs the factory with no lock held; callers for the same slot
@@ -361,13 +323,9 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
             Whether a client was retired now.
         """
         life, slot = self._self_life, self._self_slot
-        doomed: list[Record[T]] = []
-        verdict: Verdict | None = None
-        try:
-            verdict = life.reset(slot, time.monotonic(), doomed)
-        finally:
-            self._said(verdict, doomed)
-        return schedule(life, self._self_closer, slot, verdict)
+        return self._retire(
+            slot, functools.partial(life.reset, slot, monotonic())
+        )
 
     def retire(self, client: T) -> bool:
         """Retire *client* if it is still the live client: compare-and-retire.
@@ -397,22 +355,28 @@ class ProcessSingleton(Identity[T], _Proxy, Generic[T]):
         self, client: object, reason: str, error: BaseException | None
     ) -> bool:
         life, slot = self._self_life, self._self_slot
+        name = error_name(error)
+        heal = functools.partial(life.heal, slot, client, reason, name)
+        return self._retire(slot, functools.partial(heal, monotonic()))
+
+    def _retire(
+        self,
+        slot: Slot,
+        decide: Callable[[list[Record[T]]], Verdict | None],
+    ) -> bool:
+        # A retirement the lifecycle decides (reset, heal) is said (retired,
+        # or deferred), then its client closed, then a deferral's timer
+        # started.
         doomed: list[Record[T]] = []
         verdict: Verdict | None = None
         try:
-            verdict = life.heal(
-                slot, client, reason, error_name(error), monotonic(), doomed
-            )
+            verdict = decide(doomed)
         finally:
-            self._said(verdict, doomed)
-        return schedule(life, self._self_closer, slot, verdict)
-
-    def _said(self, verdict: Verdict | None, doomed: list[Record[T]]) -> None:
-        # A retirement is said (retired, or deferred), then closed.
-        try:
-            events.say(self._self_name, verdict)
-        finally:
-            self._close(doomed)
+            try:
+                events.say(self._self_name, verdict)
+            finally:
+                self._close(doomed)
+        return schedule(self._self_life, self._self_closer, slot, verdict)
 
     def _retire_on(self, client: object, error: BaseException) -> None:
         # An exception escaping a lease or a proxy's method: retire its

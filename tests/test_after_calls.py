@@ -181,7 +181,7 @@ def _lease_class():
 
 
 def _codes():
-    from poolkeeper._builds import BuildRun
+    from poolkeeper._builds import BuildRun, Rounds
     from poolkeeper._close import Closer
     from poolkeeper._lifecycle import Lifecycle
 
@@ -189,6 +189,7 @@ def _codes():
         "_acquire": ProcessSingleton._acquire.__code__,
         "_close": ProcessSingleton._close.__code__,
         "reset": ProcessSingleton.reset.__code__,
+        "ProcessSingleton._retire": ProcessSingleton._retire.__code__,
         "Lifecycle.reset": Lifecycle.reset.__wrapped__.__code__,
         "locked": Lifecycle.reset.__code__,
         "Closer._start": Closer._start.__code__,
@@ -199,6 +200,11 @@ def _codes():
         "_retire": Lifecycle._retire.__code__,
         "BuildRun.end": BuildRun.end.__code__,
         "BuildRun.__exit__": BuildRun.__exit__.__code__,
+        "Rounds.ask": Rounds.ask.__code__,
+        "Rounds.__exit__": Rounds.__exit__.__code__,
+        "Rounds.built": Rounds.built.__code__,
+        "Rounds.waited": Rounds.waited.__code__,
+        "Rounds.read": Rounds.read.__code__,
     }
 
 
@@ -290,15 +296,21 @@ class TestWatchedWriteCutAfterACall:
 
 def _async_codes():
     from poolkeeper._async import AsyncProcessSingleton
+    from poolkeeper._builds import Rounds
     from poolkeeper._close import aclose_here
     from poolkeeper._lifecycle import Lifecycle
 
     return {
         "_build": AsyncProcessSingleton._build.__code__,
         "_acquire": AsyncProcessSingleton._acquire.__code__,
+        "Rounds.ask": Rounds.ask.__code__,
+        "Rounds.__exit__": Rounds.__exit__.__code__,
         "_close": AsyncProcessSingleton._close.__code__,
         "aclose_here": aclose_here.__code__,
         "reset": AsyncProcessSingleton.reset.__code__,
+        "AsyncProcessSingleton._retire": (
+            AsyncProcessSingleton._retire.__code__
+        ),
         "lease": AsyncProcessSingleton.lease.__wrapped__.__code__,
         "locked": Lifecycle.lease.__code__,
     }

@@ -81,7 +81,7 @@ def traced(inject: Inject, step):
 def every_line(cut, exc) -> list[str]:
     """Call ``cut(n, exc)`` for n = 1, 2, ... until nothing fires."""
     fired = []
-    for n in range(1, 500):
+    for n in range(1, 1000):
         where = cut(n, exc)
         if where is None:
             return fired

@@ -30,6 +30,7 @@ import pytest
 from helpers import WAIT, wait_until
 
 from poolkeeper import (
+    _builds,
     _healing,
     _lease,
     _lifecycle,
@@ -70,7 +71,12 @@ PARTS = {
         Lifecycle._retire,
         _healing.age_due,
     ],
-    "acquire": [_sync.ProcessSingleton._acquire, Lifecycle.built],
+    "acquire": [
+        _sync.ProcessSingleton._acquire,
+        _builds.Rounds.ask,
+        _builds.Rounds.probed,
+        Lifecycle.built,
+    ],
     "lease": [
         _lease.Lease.__enter__,
         _lease.Lease._enter,

@@ -49,7 +49,7 @@ def _join(*threads: threading.Thread) -> None:
 class TestStaleReadNeverBuilds:
     def _paused_caller(self, single):
         """A caller that read the key, stopped before asking the lifecycle."""
-        pause = Pause("_acquire", "step = life.request(")
+        pause = Pause("ask", "step = life.request(")
         box: list[object] = []
         caller = threading.Thread(
             target=pause.run(lambda: box.append(single()))

@@ -156,7 +156,7 @@ class TestKeysAreComparedWithNoLockHeld:
         """The live record changed between the comparison and request()."""
         factory = Factory()
         single = process_singleton(factory)
-        pause = Pause("_acquire", "step = life.request(")
+        pause = Pause("ask", "step = life.request(")
         box: list[object] = []
         caller = threading.Thread(
             target=pause.run(lambda: box.append(single()))

@@ -750,6 +750,6 @@ class TestStatistics:
         single = process_singleton(scope="thread", name=name)(Made())
         single()
         workers = Parked(3, single)
-        assert 4 == {r[0]: r for r in _registry.census()}[name][1]
+        assert 4 == _registry.census()[name].live
         workers.finish()
-        assert 1 == {r[0]: r for r in _registry.census()}[name][1]
+        assert 1 == _registry.census()[name].live
