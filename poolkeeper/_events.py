@@ -294,7 +294,7 @@ def say(name: str, verdict: Verdict | None) -> None:
     if verdict is None:
         return
     if verdict.retired:
-        before, after = verdict.backoff or (0.0, 0.0)
+        before, after = verdict.spacing_before, verdict.spacing_after
         retired(
             name,
             verdict.key,

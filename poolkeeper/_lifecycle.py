@@ -1445,7 +1445,8 @@ class Lifecycle(Generic[T]):
             error=error,
             sequence=live.sequence,
             key=live.fingerprint,
-            backoff=(before, spacing) if reason in HEALING else None,
+            spacing_before=before if reason in HEALING else 0.0,
+            spacing_after=spacing if reason in HEALING else 0.0,
         )
 
     # -- changes and overrides -----------------------------------------------

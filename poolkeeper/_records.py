@@ -415,19 +415,20 @@ class Verdict:
     *retired*: the client was retired now. *delay*: seconds after which
     a deferred retirement is due (the driver starts a timer), None when
     nothing new was deferred. *age*: the client's age in seconds. *key*:
-    its key's fingerprint. *backoff*: for a healing retirement, the
-    backoff before and after it, in seconds.
+    its key's fingerprint. *spacing_before*, *spacing_after*: for a
+    healing retirement, the backoff before and after it, in seconds.
     """
 
     __slots__ = (
         "age",
-        "backoff",
         "delay",
         "error",
         "key",
         "reason",
         "retired",
         "sequence",
+        "spacing_after",
+        "spacing_before",
     )
 
     def __init__(  # noqa: PLR0913 -- one field each.
@@ -440,12 +441,15 @@ class Verdict:
         error: str | None,
         sequence: int,
         key: str | None = None,
-        backoff: tuple[float, float] | None = None,
+        spacing_before: float = 0.0,
+        spacing_after: float = 0.0,
     ) -> None:
         self.key = key  # The retired client's key fingerprint.
-        # A healing retirement's backoff: (before, after) in seconds, the
-        # spacing the retired client had and the one its successor has.
-        self.backoff = backoff
+        # A healing retirement's backoff, in seconds: the spacing the
+        # retired client had, and the one its successor has (both 0 for
+        # any other retirement).
+        self.spacing_before = spacing_before
+        self.spacing_after = spacing_after
         self.retired = retired
         self.delay = delay
         self.age = age
