@@ -6,8 +6,8 @@ generation and leases), a :class:`Ticket` for each build in progress, a
 loop) with its healing state (:class:`ProbeDue` or :class:`Probing`, a
 :class:`Deferral`), the decisions a transition hands its driver
 (:class:`Serve`, :class:`Probe`, :class:`Wait`, :class:`Build`, a
-:class:`Verdict`), and the snapshot of its counters a user reads
-(:class:`Statistics`).
+:class:`Verdict`), and the snapshots of its counters a user reads
+(:class:`Statistics`) and its metrics observe (:class:`Census`).
 
 Who writes it: :mod:`poolkeeper._lifecycle`, under its lock, writes every
 field, except these, each written where it is named:
