@@ -9,6 +9,7 @@ user of the session cookie it got (or null), and sets none.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs
@@ -38,12 +39,40 @@ def _session_user(environ):
     return None if morsel is None else morsel.value
 
 
+#: /gather's gates, by id: how many requests have arrived, and whether
+#: the first n of them are released.
+_gates: dict[str, list[int]] = {}
+_gates_changed = threading.Condition()
+#: The longest a request waits at a gate, in seconds.
+GATE_SECONDS = 20.0
+
+
+def _gather(query):
+    """Hold the first *n* requests of gate *id* until all *n* arrived.
+
+    Then *n* requests are in flight at once, on *n* connections, whatever
+    the machine's load; the requests after them pass at once. A gate
+    that never fills releases its requests after GATE_SECONDS.
+    """
+    params = parse_qs(query)
+    gate, count = params["id"][0], int(params["n"][0])
+    with _gates_changed:
+        arrived = _gates.setdefault(gate, [0])
+        arrived[0] += 1
+        if arrived[0] > count:
+            return
+        _gates_changed.notify_all()
+        _gates_changed.wait_for(lambda: arrived[0] >= count, GATE_SECONDS)
+
+
 def http_app(environ, start_response):
     """Echo the connection id; answer two OpenAI routes and a login."""
     path = environ.get("PATH_INFO", "/")
     size = int(environ.get("CONTENT_LENGTH") or 0)
     if size:
         environ["wsgi.input"].read(size)
+    if path == "/gather":
+        _gather(environ.get("QUERY_STRING", ""))
     if path == "/login":
         user = parse_qs(environ.get("QUERY_STRING", ""))["user"][0]
         cookie = ("Set-Cookie", f"session={user}; Path=/")

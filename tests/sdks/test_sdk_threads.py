@@ -14,6 +14,7 @@ closing what it may not keep alive).
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 import sdk_net
@@ -28,6 +29,8 @@ THREADS = 128
 #: pool that churns opens many more connections than it holds.
 CALLS = 8
 JOIN = 120.0
+#: requests' default pool: connections kept per host.
+POOL = 10
 
 
 class _PoolWarnings(logging.Handler):
@@ -52,12 +55,13 @@ def _pool_warnings():
         logger.removeHandler(handler)
 
 
-def _share(sdk, single):
+def _share(sdk, single, use=None):
     """THREADS threads make CALLS requests each; return (ports, errors)."""
     ports = []
+    use = sdk.use if use is None else use
 
     def calls():
-        ports.extend(sdk.use(single()) for _ in range(CALLS))
+        ports.extend(use(single()) for _ in range(CALLS))
 
     return ports, sdk_net.together(THREADS, calls, JOIN)
 
@@ -111,8 +115,18 @@ class TestSharedByThreads:
         plain = process_singleton(key=keys.env(*sdk.key_names))(
             lambda: __import__("requests").Session()
         )
+        # The first POOL + 1 requests are held at the server until all of
+        # them arrived: that many connections are open at once, one more
+        # than the pool keeps, however the threads are scheduled.
+        gate = f"{http_server.url}/gather?n={POOL + 1}&id={uuid.uuid4().hex}"
+
+        def use(client):
+            response = client.get(gate, timeout=30)
+            response.raise_for_status()
+            return int(response.headers["x-conn-id"])
+
         try:
-            ports, errors = _share(sdk, plain)
+            ports, errors = _share(sdk, plain, use)
             builds = plain.statistics().builds
         finally:
             plain.reset()
@@ -121,7 +135,7 @@ class TestSharedByThreads:
             sdk,
             ports,
             errors,
-            pool=10,
+            pool=POOL,
             warnings=len(pool_warnings),
             setting="none: `Session()`'s default (10 per host)",
             builds=builds,
@@ -129,4 +143,4 @@ class TestSharedByThreads:
         assert [] == errors
         assert pool_warnings
         assert all("Connection pool is full" in m for m in pool_warnings)
-        assert len(set(ports)) > 10
+        assert len(set(ports)) > POOL
