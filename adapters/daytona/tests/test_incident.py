@@ -87,7 +87,7 @@ class TestIncident:
                 api_key="naive", api_url=emu.api_url, target="us"
             )
             quiet()
-            start = (fd_count(), threading.active_count())
+            start = (fd_count(), _sdk_threads())
 
             naive: list[object] = []
             began = time.monotonic()
