@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import warnings
 
 from daytona_test_helpers import wait_for
@@ -173,9 +174,12 @@ class TestSocketIOClosed:
             lambda: not daytona_emulator.open_connections("async-sio-closed")
         )
         after = async_daytona_client.statistics()
-        # Each close ran whole: none was cut short by a cancellation the
-        # SDK's close re-raised (0.203.0 re-raised one it caused itself).
-        assert (before.closes + self.ROUNDS, before.close_failures) == (
-            after.closes,
-            after.close_failures,
-        )
+        ran = after.closes + after.close_failures
+        assert before.closes + before.close_failures + self.ROUNDS == ran
+        if sys.version_info >= (3, 11):
+            # Each close ran whole: none was cut short by a cancellation
+            # the SDK's close re-raised of a task it cancelled itself. On
+            # 3.10 (no Task.cancelling()) such a close cannot be told from
+            # a cancelled one, and is counted as cancelled; what it opened
+            # is closed all the same (asserted above).
+            assert before.close_failures == after.close_failures
