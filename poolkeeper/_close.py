@@ -24,6 +24,12 @@ run there is reported unclosed. A close that does not finish within
 ``CROSS_LOOP_CLOSE_SECONDS`` is given up and reported; a ``BaseException``
 the close raised on another thread is brought back and raised in the
 caller (see ``_carry``).
+
+A close running in a task of its own (handed to its loop, scheduled on it,
+or shielded from its caller) is tracked (``track``). ``asyncio.run()``
+cancels every task before the loop's shutdown: such a close cut short is
+run once more, to its end, and the loop's end waits for those started
+after that cancellation, which the loop would otherwise close unfinished.
 """
 
 from __future__ import annotations
@@ -194,8 +200,15 @@ class Closer:
             return
         self._done(record, started)
 
-    async def aclose(self, record: Record[Any]) -> None:
-        """Close *record* on the running loop, awaiting its close."""
+    async def aclose(self, record: Record[Any], *, own: bool = False) -> None:
+        """Close *record* on the running loop, awaiting its close.
+
+        *own*: the close runs in a task of its own (see ``track``), which no
+        caller's cancellation reaches. A cancellation that cuts it short,
+        unless it was given up on, came from the loop's end
+        (``asyncio.run()`` cancels every task of a loop before it ends it),
+        and the close is run once more, to its end (see ``_once_more``).
+        """
         started = time.monotonic()
         ran, result = self._start(record)
         if not ran:
@@ -206,9 +219,42 @@ class Closer:
             except Exception as exc:  # noqa: BLE001 -- logged, counted.
                 self.failed(record, exc)
                 return
+            except asyncio.CancelledError:
+                if not own or asyncio.current_task() in _given_up:
+                    self.life.closed(ok=False)
+                    raise
+                await self._once_more(record, started)
+                return
             except BaseException:
                 self.life.closed(ok=False)
                 raise
+        self._done(record, started)
+
+    async def _once_more(self, record: Record[Any], started: float) -> None:
+        """Run *record*'s close again, after a cancellation cut it short.
+
+        Not its caller's (see :meth:`aclose`): the loop's end, which
+        cancels every task once and then waits for them. Close hooks are
+        idempotent (an SDK's ``close()`` is): what the first run closed
+        stays closed, and what it did not reach is closed now. Counted
+        once, for both runs. Bounded by ``CROSS_LOOP_CLOSE_SECONDS`` (then
+        reported unclosed); a second cancellation ends it.
+        """
+        try:
+            _uncancel()
+            run = self._resolve(record.client)
+            result = None if run is None else run()
+            if inspect.isawaitable(result):
+                await _within(result, CROSS_LOOP_CLOSE_SECONDS)
+        except _TIMEOUTS:
+            self.unclosed(record, "its close did not finish in time", "")
+            return
+        except Exception as exc:  # noqa: BLE001 -- logged, counted.
+            self.failed(record, exc)
+            return
+        except BaseException:
+            self.life.closed(ok=False)
+            raise
         self._done(record, started)
 
     def unclosed(
@@ -229,6 +275,49 @@ class Closer:
         )
         self._failure(record, message, None, counted=count)
         warnings.warn(message, UnclosedClientWarning, stacklevel=_user_level())
+
+
+def _uncancel() -> None:
+    """Withdraw the running task's cancellation requests (Python 3.11+).
+
+    The task went on after its cancellation, so none is pending: the
+    count ``Task.cancelling()`` keeps must not say otherwise to what runs
+    next in it (a timeout's exit, an adapter's close).
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    uncancel = getattr(task, "uncancel", None)
+    if cancelling is None or uncancel is None:
+        return
+    for _ in range(cancelling()):
+        uncancel()
+
+
+async def _within(awaitable: Awaitable[object], seconds: float) -> None:
+    """Await *awaitable* in this task, cancelled after *seconds*.
+
+    Then ``TimeoutError`` is raised. Not ``asyncio.wait_for()``: before
+    Python 3.12 it awaits in a task of its own, out of which asyncio lets
+    a ``KeyboardInterrupt`` stop the loop instead of reaching this task.
+    """
+    task = asyncio.current_task()
+    expired: list[bool] = []
+
+    def expire() -> None:
+        expired.append(True)
+        if task is not None:
+            task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        await awaitable
+    except asyncio.CancelledError:
+        if not expired:
+            raise
+        _uncancel()
+        raise TimeoutError from None
+    finally:
+        timer.cancel()
 
 
 def _begin(taken: list[Record[Any]], run: Callable[[], object]) -> object:
@@ -312,8 +401,76 @@ _TIMEOUTS = (
     concurrent.futures.TimeoutError,
 )
 
-# Closes scheduled on a loop that was running this very thread's code.
-_scheduled: set[asyncio.Task[None]] = set()
+# The closes running in tasks of their own, on every loop (see track).
+_own: set[asyncio.Task[Any]] = set()
+# Those given up on: their caller stopped waiting, or their loop's end did.
+# A cancellation of theirs ends the close (see Closer.aclose).
+_given_up: set[asyncio.Task[Any]] = set()
+
+
+def track(task: asyncio.Task[Any]) -> None:
+    """Keep *task*, a close in a task of its own, until it is done.
+
+    Held strongly (the loop holds its tasks weakly), and found by its
+    loop's end (:func:`await_own`): ``asyncio.run()`` cancels and waits
+    for the tasks that existed when its main coroutine returned, not for
+    one made after that (a close handed over meanwhile), and it closes the
+    loop with such a task still pending.
+    """
+    _own.add(task)
+    task.add_done_callback(_untrack)
+
+
+def _untrack(task: asyncio.Task[Any]) -> None:
+    _own.discard(task)
+    _given_up.discard(task)
+
+
+def _give_up(task: asyncio.Task[Any]) -> None:
+    """Cancel *task*, a close in a task of its own, for good (no rerun)."""
+    if not task.done():
+        _given_up.add(task)
+        task.cancel()
+
+
+async def await_own(loop: asyncio.AbstractEventLoop) -> None:
+    """At *loop*'s end: wait for the closes in tasks of their own on it.
+
+    Each is waited for until ``CROSS_LOOP_CLOSE_SECONDS`` after this
+    began; those still running then are given up on (cancelled, for good:
+    each counts and reports itself) and waited for as long again. A close
+    started meanwhile (a hand-over's) is waited for too.
+    """
+    running = await _await_own(loop)
+    for task in running:
+        _give_up(task)
+    if running:
+        await _await_own(loop)
+
+
+async def _await_own(
+    loop: asyncio.AbstractEventLoop,
+) -> list[asyncio.Task[Any]]:
+    """Wait a bounded time for *loop*'s own closes; return those running."""
+    this = asyncio.current_task()
+    deadline = loop.time() + CROSS_LOOP_CLOSE_SECONDS
+    running: list[asyncio.Task[Any]] = []
+    # Each round ends with all of them done or the time up; a round's
+    # closes may have started others (a hand-over queued meanwhile).
+    for _ in range(_MAX_ROUNDS):
+        running = [
+            t
+            for t in tuple(_own)
+            if t.get_loop() is loop and t is not this and not t.done()
+        ]
+        left = deadline - loop.time()
+        if not running or left <= 0:
+            break
+        await asyncio.wait(running, timeout=left)
+    return running
+
+
+_MAX_ROUNDS = 100
 
 
 def close_anywhere(closer: Closer, record: Record[Any]) -> None:
@@ -354,9 +511,7 @@ def _close_anywhere(closer: Closer, record: Record[Any]) -> None:
     if loop is running:
         # Called synchronously from the client's own loop: it cannot be
         # awaited here, so it runs as soon as control returns to it.
-        task = loop.create_task(closer.aclose(record))
-        _scheduled.add(task)
-        task.add_done_callback(_scheduled.discard)
+        track(loop.create_task(closer.aclose(record, own=True)))
         return
     if loop.is_running():
         future = hand_over(closer, record, loop)
@@ -490,21 +645,28 @@ async def aclose_here(closer: Closer, record: Record[Any]) -> None:
     or ``SystemExit`` from the close hook is raised here, in the awaiting
     code, instead of stopping the loop as asyncio does with a task's.
     """
-    error = await asyncio.shield(_carry(closer, record))
+    task = asyncio.get_running_loop().create_task(
+        _carry(closer, record, own=True)
+    )
+    track(task)
+    error = await asyncio.shield(task)
     if error is not None:
         raise error
 
 
-async def _carry(closer: Closer, record: Record[Any]) -> BaseException | None:
+async def _carry(
+    closer: Closer, record: Record[Any], *, own: bool = False
+) -> BaseException | None:
     """Close *record* on its loop; return, not raise, what escapes.
 
     Run for a caller on another thread: raised there, a
     ``KeyboardInterrupt`` or ``SystemExit`` from the close hook would
     stop that loop (asyncio lets them out of a task) and never reach
     the caller. The caller raises it instead; it was counted already.
+    *own* as in :meth:`Closer.aclose`.
     """
     try:
-        await closer.aclose(record)
+        await closer.aclose(record, own=own)
     except BaseException as exc:  # noqa: BLE001 -- the caller raises it.
         return exc
     return None
@@ -537,7 +699,9 @@ class _HandOver:
     (``dropped``, also when the hand-over is collected unrun). What the
     close brings back (see ``_carry``) is the future's result; cancelling
     the future cancels the close, as ``asyncio.run_coroutine_threadsafe``
-    does. Nothing here refers back to the hand-over but the loop's queue.
+    does, and a cancellation from elsewhere (the loop's end) runs it once
+    more (see :meth:`Closer.aclose`). Nothing here refers back to the
+    hand-over but the loop's queue.
     """
 
     __slots__ = ("closer", "future", "record", "task")
@@ -559,9 +723,17 @@ class _HandOver:
         record, self.record = self.record, None
         if record is None or self.future.cancelled():
             return
+        if not self.closer.life.owes(record):
+            # Another close took it (the loop's end's, say): nothing is
+            # left to do, and no task is made that the loop, perhaps in
+            # its last run, might close unfinished.
+            if self.future.set_running_or_notify_cancel():
+                self.future.set_result(None)
+            return
         task = asyncio.get_running_loop().create_task(
-            _carry(self.closer, record)
+            _carry(self.closer, record, own=True)
         )
+        track(task)
         self.task.append(task)
         task.add_done_callback(functools.partial(_settle, self.future))
 
@@ -605,7 +777,7 @@ def _cancel_task(
 ) -> None:
     if future.cancelled() and task:
         with contextlib.suppress(RuntimeError):  # The loop is closed.
-            loop.call_soon_threadsafe(task[0].cancel)
+            loop.call_soon_threadsafe(_give_up, task[0])
 
 
 def hand_over(

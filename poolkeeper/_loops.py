@@ -27,6 +27,10 @@ the slot. A loop closed without that shutdown cannot run anything any
 more: its slot is dropped when the next slot opens (``prune``) and its
 clients are reported unclosed.
 
+The loop-end generator also waits, bounded, for the closes poolkeeper runs
+in tasks of their own on the loop (``_close.track``): ``asyncio.run()``
+waits only for the tasks that existed when it cancelled them all.
+
 A close hook raising a ``BaseException`` at loop end (``KeyboardInterrupt``)
 skips no client: it is raised, out of the loop's shutdown, by the last of
 that loop's loop-end closes to finish.
@@ -43,7 +47,7 @@ import weakref
 from asyncio import _get_running_loop
 from typing import TYPE_CHECKING, Any, cast, final
 
-from poolkeeper._close import arun_each
+from poolkeeper._close import arun_each, await_own
 from poolkeeper._events import say
 from poolkeeper._identity import no_arguments
 
@@ -263,6 +267,9 @@ async def _until_loop_ends(
                         functools.partial(closer.aclose, record)
                         for record in sorted(doomed, key=lambda r: -r.sequence)
                     )
+            # And the closes running in tasks of their own on this loop,
+            # which the loop would close unfinished (see _close.track).
+            await await_own(asyncio.get_running_loop())
         except BaseException as exc:  # noqa: BLE001 -- raised below.
             # Raised by the last loop-end close of this loop: raised now, a
             # KeyboardInterrupt would stop the loop before the others ran.

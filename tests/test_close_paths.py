@@ -466,3 +466,214 @@ def _close_all_on(loop: asyncio.AbstractEventLoop, flag: str):
         setattr(loop, flag, False)
         loop.close()
     return single, client, seen
+
+
+class PartedClient:
+    """An async client whose close shuts its parts one await at a time.
+
+    Idempotent, as an SDK's close is: a part shut stays shut, and a second
+    close shuts what the first did not reach. The first close hangs after
+    its first part (with *hang*), as on a server that does not answer,
+    until it is cancelled; each part takes a few milliseconds.
+    """
+
+    PARTS = 4
+
+    def __init__(self, *, hang: bool) -> None:
+        self.open = set(range(self.PARTS))
+        self.runs = 0
+        self.hang = hang
+
+    async def aclose(self) -> None:
+        self.runs += 1
+        hang = self.hang and self.runs == 1
+        for part in sorted(self.open):
+            await asyncio.sleep(0.005)
+            self.open.discard(part)
+            if hang:
+                await asyncio.sleep(WAIT)
+
+    @property
+    def hanging(self) -> bool:
+        """Whether the first close shut one part and now hangs."""
+        return self.runs == 1 and len(self.open) == self.PARTS - 1
+
+
+def parted_single(*, hang: bool = True):
+    """Return an async singleton of PartedClient and the clients it built."""
+    built: list[PartedClient] = []
+
+    async def build() -> PartedClient:
+        client = PartedClient(hang=hang)
+        built.append(client)
+        return client
+
+    return process_singleton(build), built
+
+
+async def _until(predicate) -> None:
+    """Let the loop run until *predicate()* holds (bounded)."""
+    for _ in range(int(WAIT / 0.001)):
+        if predicate():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("never held")
+
+
+class TestLoopEndsWithTheCloseRunning:
+    """``asyncio.run()`` ends while a close runs in a task of its own.
+
+    It cancels every task before the loop's shutdown, the close's task too.
+    A close no caller cancelled is run once more, to its end: every part
+    of the client is shut, the close is counted once and as a success, and
+    nothing is reported unclosed.
+    """
+
+    def test_a_close_shielded_from_its_caller(self):
+        single, built = parted_single()
+
+        async def main():
+            await single()
+            # The reset awaits the close in a task of its own (shielded).
+            asyncio.get_running_loop().create_task(single.reset())
+            await _until(lambda: built[0].hanging)
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            asyncio.run(main())
+        _closed_whole(single, built[0], seen)
+
+    def test_a_close_handed_over_by_another_thread(self):
+        single, built = parted_single()
+        shutter, raised = _shutter()
+
+        async def main():
+            await single()
+            shutter.start()
+            await _until(lambda: built[0].hanging)
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            asyncio.run(main())
+            shutter.join(WAIT)
+        assert not shutter.is_alive()
+        assert [] == raised
+        _closed_whole(single, built[0], seen)
+
+    def test_a_close_scheduled_by_the_collector_on_its_loop(self, caplog):
+        built: list[PartedClient] = []
+
+        async def main():
+            async def build() -> PartedClient:
+                client = PartedClient(hang=True)
+                built.append(client)
+                return client
+
+            single = process_singleton(build)
+            await single()
+            # Collected on the loop's thread: its client's close is
+            # scheduled on the loop, and nothing awaits it.
+            del single
+            gc.collect()
+            await _until(lambda: built[0].hanging)
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            asyncio.run(main())
+        assert set() == built[0].open
+        assert 2 == built[0].runs
+        assert [] == [w for w in seen if w.category is UnclosedClientWarning]
+        assert [] == [r for r in caplog.records if r.name == "poolkeeper"]
+
+    def test_a_close_given_up_on_is_not_run_again(self, monkeypatch):
+        """The caller's cancellation ends the close: it is not rerun."""
+        monkeypatch.setattr(_close, "CROSS_LOOP_CLOSE_SECONDS", 0.2)
+        single, built = parted_single()
+        other = LoopThread()
+        try:
+            other.run(single())
+            with pytest.warns(UnclosedClientWarning, match="not finish"):
+                close_all()
+            other.run(_settle())
+        finally:
+            other.stop()
+        assert 1 == built[0].runs
+        assert PartedClient.PARTS - 1 == len(built[0].open)
+        stats = single.statistics()
+        assert (0, 1) == (stats.closes, stats.close_failures)
+
+
+def _shutter() -> tuple[threading.Thread, list[BaseException]]:
+    """A thread (not started) to run close_all(), and what it raised."""
+    raised: list[BaseException] = []
+
+    def shut():
+        try:
+            close_all()
+        except BaseException as exc:
+            raised.append(exc)
+
+    return threading.Thread(target=shut), raised
+
+
+def _closed_whole(single, client: PartedClient, seen) -> None:
+    assert set() == client.open
+    assert 2 == client.runs
+    stats = single.statistics()
+    assert (1, 0) == (stats.closes, stats.close_failures)
+    assert [] == [w for w in seen if w.category is UnclosedClientWarning]
+
+
+class TestHandOverTakenAfterTheLoopCancelledItsTasks:
+    """A close handed over starts after ``asyncio.run()`` cancelled all tasks.
+
+    Its task is not among those ``asyncio.run()`` waits for, and the loop
+    would be closed with it unfinished (the close never counted, the task
+    "destroyed but pending"): the loop's end waits for it.
+    """
+
+    def test_the_loops_end_waits_for_it(self, caplog):
+        single, built = parted_single(hang=False)
+        held: list[object] = []
+        caught = threading.Event()
+        shutter, raised = _shutter()
+
+        async def main():
+            await single()
+            loop = asyncio.get_running_loop()
+            queue = loop.call_soon_threadsafe
+
+            def spy(callback, *args, **kwargs):
+                # Held back: the hand-over's start, run below.
+                if getattr(callback, "__name__", "") == "start":
+                    held.append(callback)
+                    caught.set()
+                    return None
+                return queue(callback, *args, **kwargs)
+
+            loop.call_soon_threadsafe = spy
+            shutter.start()
+            await _until(caught.is_set)
+
+            async def cancelled_at_the_end():
+                try:
+                    await asyncio.sleep(WAIT)
+                except asyncio.CancelledError:
+                    # asyncio.run() cancels this task, with the others it
+                    # then waits for: the close's task starts after that.
+                    held[0]()
+                    raise
+
+            waiting = loop.create_task(cancelled_at_the_end())
+            await asyncio.sleep(0)
+            assert not waiting.done()
+
+        asyncio.run(main())
+        shutter.join(WAIT)
+        assert not shutter.is_alive()
+        assert [] == raised
+        assert set() == built[0].open
+        assert 1 == built[0].runs
+        stats = single.statistics()
+        assert (1, 0) == (stats.closes, stats.close_failures)
+        assert [] == [r for r in caplog.records if r.levelname == "ERROR"]
