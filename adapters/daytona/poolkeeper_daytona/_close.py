@@ -9,6 +9,7 @@ thread or timer behind (see the adapter's README).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -216,21 +217,7 @@ def _release(client: object, deadline: float, report: Report) -> None:
     )
     if dispatcher is not None:
         _close_dispatcher(dispatcher, deadline, report)
-    managers: list[object] = []
-    for owner in _POOL_OWNERS:
-        api = _attr(client, owner, f"Daytona.{owner}", report)
-        pools = getattr(
-            getattr(api, "rest_client", None), "pool_manager", None
-        )
-        if pools is not None:
-            managers.append(pools)
-        clear = getattr(pools, "clear", None)
-        if api is not None and not callable(clear):
-            report(f"Daytona.{owner}.rest_client.pool_manager")
-        elif callable(clear):
-            _clear(owner, pools, clear)
-    if report is unrecognised:  # A real client: its reuse warns.
-        guard_reuse(managers)
+    _release_pools(client, report)
     http = _attr(client, "_http_client", "Daytona._http_client", report)
     close = getattr(http, "close", None)
     if callable(close):
@@ -243,6 +230,30 @@ def _release(client: object, deadline: float, report: Report) -> None:
     if callable(shutdown):
         with _step("tracer provider shutdown"):
             shutdown()
+
+
+def _release_pools(client: object, report: Report) -> None:
+    """Guard the client's urllib3 pool managers, then close their pools."""
+    managers: list[object] = []
+    clears: list[Callable[[], None]] = []
+    for owner in _POOL_OWNERS:
+        api = _attr(client, owner, f"Daytona.{owner}", report)
+        pools = getattr(
+            getattr(api, "rest_client", None), "pool_manager", None
+        )
+        if pools is not None:
+            managers.append(pools)
+        clear = getattr(pools, "clear", None)
+        if api is not None and not callable(clear):
+            report(f"Daytona.{owner}.rest_client.pool_manager")
+        elif callable(clear):
+            clears.append(functools.partial(_clear, owner, pools, clear))
+    if report is unrecognised:
+        # A real client: its reuse warns. Guarded before its connections
+        # close, so that whoever sees them closed sees the guard too.
+        guard_reuse(managers)
+    for clear_pools in clears:
+        clear_pools()
 
 
 def _clear(owner: str, manager: object, clear: Callable[[], None]) -> None:
