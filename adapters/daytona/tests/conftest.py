@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 
 import daytona
 import poolkeeper
@@ -38,6 +39,21 @@ def _warm_sdk():
         client.delete(client.create())
         close_daytona(client)
     gc.collect()
+
+
+@pytest.fixture(name="dropped_tls_websockets", scope="module")
+def _dropped_tls_websockets():
+    """At a module's end, collect the TLS sockets the SDK dropped unclosed.
+
+    See ``daytona_test_helpers.DROPPED_TLS_WEBSOCKETS``.
+    """
+    yield
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", "unclosed <ssl.SSLSocket", ResourceWarning
+        )
+        gc.collect()
+        gc.collect()
 
 
 @pytest.fixture(name="sdk_env")

@@ -18,6 +18,7 @@ import time
 import daytona
 import poolkeeper
 import pytest
+from daytona_test_helpers import DROPPED_TLS_WEBSOCKETS
 from poolkeeper import _lifecycle
 
 from poolkeeper_daytona import (
@@ -27,6 +28,9 @@ from poolkeeper_daytona import (
     make_daytona_singleton,
 )
 from poolkeeper_daytona.testing import DaytonaEmulator
+
+# It breaks TLS connections on purpose.
+pytestmark = DROPPED_TLS_WEBSOCKETS
 
 
 def _chain(exc: BaseException) -> list[type[BaseException]]:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import daytona
 import poolkeeper
 import pytest
-from daytona_test_helpers import fd_count, settle
+from daytona_test_helpers import DROPPED_TLS_WEBSOCKETS, fd_count, settle
 from poolkeeper import _lifecycle
 from poolkeeper._lifecycle import HEALING
 from test_transport_failure import _types
@@ -54,6 +54,9 @@ from poolkeeper_daytona import (
 )
 from poolkeeper_daytona._client import _ENV_VARS
 from poolkeeper_daytona.testing import DaytonaEmulator
+
+# It breaks TLS connections on purpose.
+pytestmark = DROPPED_TLS_WEBSOCKETS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

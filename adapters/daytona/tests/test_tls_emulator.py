@@ -14,9 +14,13 @@ import sys
 
 import daytona
 import pytest
+from daytona_test_helpers import DROPPED_TLS_WEBSOCKETS
 
 from poolkeeper_daytona import close_daytona, is_transport_failure
 from poolkeeper_daytona.testing import DaytonaEmulator
+
+# It breaks TLS connections on purpose.
+pytestmark = DROPPED_TLS_WEBSOCKETS
 
 _GET = (
     b"GET /api/sandbox HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"

@@ -17,9 +17,13 @@ import aiohttp
 import daytona
 import pytest
 import urllib3
+from daytona_test_helpers import DROPPED_TLS_WEBSOCKETS
 
 from poolkeeper_daytona import close_daytona, is_transport_failure
 from poolkeeper_daytona.testing import DaytonaEmulator
+
+# It breaks TLS connections on purpose.
+pytestmark = DROPPED_TLS_WEBSOCKETS
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
