@@ -9,7 +9,7 @@ import warnings
 import daytona
 import poolkeeper
 import pytest
-from daytona_test_helpers import fd_count, quiet
+from daytona_test_helpers import UNCLOSED_TLS_SOCKET, fd_count, quiet, settle
 from poolkeeper import _filekeys
 
 from poolkeeper_daytona import close_daytona
@@ -49,11 +49,8 @@ def _dropped_tls_websockets():
     """
     yield
     with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", "unclosed <ssl.SSLSocket", ResourceWarning
-        )
-        gc.collect()
-        gc.collect()
+        warnings.filterwarnings("ignore", UNCLOSED_TLS_SOCKET, ResourceWarning)
+        settle()
 
 
 @pytest.fixture(name="sdk_env")

@@ -29,9 +29,10 @@ if TYPE_CHECKING:
 #: ``dropped_tls_websockets`` fixture), so that none is left to a later
 #: module. What the adapter leaves open is counted by the fd and thread
 #: checks, which no warning filter changes.
+UNCLOSED_TLS_SOCKET = "unclosed <ssl.SSLSocket"
 DROPPED_TLS_WEBSOCKETS = [
     pytest.mark.filterwarnings(
-        "ignore:unclosed <ssl.SSLSocket:ResourceWarning"
+        f"ignore:{UNCLOSED_TLS_SOCKET}:ResourceWarning"
     ),
     pytest.mark.usefixtures("dropped_tls_websockets"),
 ]
