@@ -17,10 +17,11 @@ user's code.
 Closing a client from wherever the caller runs is ``close_all()``'s path
 (:func:`close_anywhere`, :func:`aclose_here`): a sync client is closed
 where the caller is; an async client on its own loop, awaited there if the
-caller runs on it, handed to it if it runs on another thread, run to
-completion on it if it is idle (on a helper thread when the caller is inside
-another running loop); one whose loop ends, or is closed, before it could
-run there is reported unclosed. A close that does not finish within
+caller runs on it, handed to it if it runs on another thread or belongs to
+one still running (see ``foreign``), run to completion on it if it is idle
+and its thread is the caller's or ended (on a helper thread when the caller
+is inside another running loop); one whose loop ends, or is closed, before
+it could run there is reported unclosed. A close that does not finish within
 ``CROSS_LOOP_CLOSE_SECONDS`` is given up and reported; a ``BaseException``
 the close raised on another thread is brought back and raised in the
 caller (see ``_carry``).
@@ -503,6 +504,24 @@ def _owner(
     return loop
 
 
+def foreign(record: Record[Any]) -> bool:
+    """Whether *record*'s loop belongs to another thread, still running.
+
+    Such a loop, even idle, is never run from here: its thread may run it
+    again at any moment (``asyncio.run()`` runs its loop in steps, idle
+    between them), and two threads running one loop break both (the
+    owner's end cancels the close's task, and cannot close its loop).
+    Its close is handed to it, and runs at its next step. A loop is run
+    from here only by its own thread, or once that thread ended.
+    """
+    thread = record.slot.thread
+    return (
+        thread is not None
+        and thread is not threading.current_thread()
+        and thread.is_alive()
+    )
+
+
 def _close_anywhere(closer: Closer, record: Record[Any]) -> None:
     loop = _owner(closer, record)
     if loop is None:
@@ -513,12 +532,12 @@ def _close_anywhere(closer: Closer, record: Record[Any]) -> None:
         # awaited here, so it runs as soon as control returns to it.
         track(loop.create_task(closer.aclose(record, own=True)))
         return
-    if loop.is_running():
-        future = hand_over(closer, record, loop)
+    if loop.is_running() or foreign(record):
+        handed = hand_over(closer, record, loop)
         try:
-            error = future.result(CROSS_LOOP_CLOSE_SECONDS)
+            error = _result(handed, loop)
         except _TIMEOUTS:
-            future.cancel()
+            handed.future.cancel()
             _late(closer, record)
             return
     elif running is None:
@@ -551,7 +570,7 @@ def close_soon(closer: Closer, record: Record[Any]) -> None:
             # loop, when its own thread runs it next (an idle loop is never
             # run from here: its thread may be about to run it too); a loop
             # closed first reports it (see _HandOver).
-            future = hand_over(closer, record, loop)
+            future = hand_over(closer, record, loop).future
             future.add_done_callback(
                 functools.partial(_report, closer, record)
             )
@@ -607,17 +626,74 @@ async def _aclose_anywhere(closer: Closer, record: Record[Any]) -> None:
     if loop is asyncio.get_running_loop():
         await closer.aclose(record)
         return
-    if loop.is_running():
-        future = hand_over(closer, record, loop)
-        waited: Any = asyncio.wrap_future(future)
-    else:
-        waited = asyncio.to_thread(_run_idle, closer, record, loop)
     try:
-        error = await asyncio.wait_for(waited, CROSS_LOOP_CLOSE_SECONDS)
+        if loop.is_running() or foreign(record):
+            error = await _aresult(hand_over(closer, record, loop), loop)
+        else:
+            error = await asyncio.wait_for(
+                asyncio.to_thread(_run_idle, closer, record, loop),
+                CROSS_LOOP_CLOSE_SECONDS,
+            )
     except _TIMEOUTS:
         _late(closer, record)
         return
     _raise(closer, record, error)
+
+
+#: How often a caller waiting for a hand-over looks whether its loop closed.
+_POLL_SECONDS = 0.05
+
+
+def _result(
+    handed: _HandOver, loop: asyncio.AbstractEventLoop
+) -> BaseException | None:
+    """Wait for *handed*'s close, up to ``CROSS_LOOP_CLOSE_SECONDS``.
+
+    A loop closed with the hand-over still queued never runs it: the
+    caller then reports it at once (``dropped``) rather than wait for the
+    hand-over's collection, which a free-threaded build may defer to this
+    very thread. Raises ``TimeoutError`` when given up.
+    """
+    future = handed.future
+    deadline = time.monotonic() + CROSS_LOOP_CLOSE_SECONDS
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return future.result(max(0.0, min(left, _POLL_SECONDS)))
+        except _TIMEOUTS:
+            if left <= _POLL_SECONDS:
+                raise
+            _closed_unrun(handed, loop)
+
+
+async def _aresult(
+    handed: _HandOver, loop: asyncio.AbstractEventLoop
+) -> BaseException | None:
+    """:func:`_result` for a coroutine; cancelling it gives the close up."""
+    waited = asyncio.wrap_future(handed.future)
+    deadline = time.monotonic() + CROSS_LOOP_CLOSE_SECONDS
+    try:
+        while not waited.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.wait({waited}, timeout=min(left, _POLL_SECONDS))
+            if not waited.done():
+                _closed_unrun(handed, loop)
+    except BaseException:
+        waited.cancel()
+        raise
+    if not waited.done():
+        waited.cancel()
+        raise TimeoutError
+    return waited.result()
+
+
+def _closed_unrun(handed: _HandOver, loop: asyncio.AbstractEventLoop) -> None:
+    """Report *handed* if *loop* closed before running it."""
+    if loop.is_closed():
+        # A closed loop runs nothing more: its start never comes.
+        handed.dropped()
 
 
 def _raise(
@@ -714,13 +790,15 @@ class _HandOver:
         task: list[asyncio.Task[BaseException | None]],
     ) -> None:
         self.closer = closer
-        self.record: Record[Any] | None = record
+        # Taken (popped, in one step) by whichever of start and dropped
+        # comes first, on whatever thread.
+        self.record = [record]
         self.future = future
         self.task = task  # Shared with the future's cancel callback.
 
     def start(self) -> None:
         """On the loop: make the close's task (unless the caller gave up)."""
-        record, self.record = self.record, None
+        record = self._take()
         if record is None or self.future.cancelled():
             return
         if not self.closer.life.owes(record):
@@ -739,7 +817,7 @@ class _HandOver:
 
     def dropped(self) -> None:
         """The loop ended, or refused the hand-over: the close never ran."""
-        record, self.record = self.record, None
+        record = self._take()
         if record is None:
             return  # Started: its task settles the future.
         try:
@@ -753,6 +831,12 @@ class _HandOver:
         finally:
             if self.future.set_running_or_notify_cancel():
                 self.future.set_result(None)
+
+    def _take(self) -> Record[Any] | None:
+        try:
+            return self.record.pop()
+        except IndexError:
+            return None
 
     def __del__(self) -> None:
         # Collected unrun: its loop was closed with the hand-over queued.
@@ -782,8 +866,8 @@ def _cancel_task(
 
 def hand_over(
     closer: Closer, record: Record[Any], loop: asyncio.AbstractEventLoop
-) -> concurrent.futures.Future[BaseException | None]:
-    """Close *record* on *loop*, running on another thread; see _HandOver."""
+) -> _HandOver:
+    """Close *record* on *loop*, of another thread; see _HandOver."""
     future: concurrent.futures.Future[BaseException | None] = (
         concurrent.futures.Future()
     )
@@ -794,7 +878,7 @@ def hand_over(
         loop.call_soon_threadsafe(handed.start)
     except RuntimeError:  # Closed since it was seen running.
         handed.dropped()
-    return future
+    return handed
 
 
 def _on_helper_thread(

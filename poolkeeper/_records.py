@@ -303,6 +303,7 @@ class Slot:
         "probe",
         "retired",
         "spacing",
+        "thread",
     )
 
     def __init__(self, key: object = None, loop: Any = None) -> None:  # noqa: ANN401
@@ -310,6 +311,12 @@ class Slot:
         # loop for async slots (None for the process's slot).
         self.key = key
         self.loop = loop
+        # An async slot's loop's thread: the one running it when the slot
+        # opened (a slot opens on its loop). Another thread never runs that
+        # loop while this one lives (see _close.foreign).
+        self.thread: threading.Thread | None = (
+            None if loop is None else threading.current_thread()
+        )
         self.live: Record[Any] | None = None
         self.build: Ticket | None = None
         self.retired: tuple[Record[Any], ...] = ()

@@ -238,8 +238,12 @@ def close_all() -> None:
 
     Clients are closed in reverse build order across all singletons, so a
     client built from another one is closed first. Async clients are
-    closed on their own event loop. Leased clients are closed when their
-    last lease exits. Afterwards every singleton builds afresh on its next
+    closed on their own event loop: handed to it when another thread runs
+    it, or owns it (a loop idle between two steps of its thread's
+    ``asyncio.run()``, say, closes the client at its next step; the call
+    waits up to 30 seconds), run here when it is idle and its thread is
+    this one or ended. Leased clients are closed when their last lease
+    exits. Afterwards every singleton builds afresh on its next
     call. Registered with :mod:`atexit`; call it yourself at the end of a
     worker's life.
 

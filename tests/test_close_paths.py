@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 from helpers import WAIT, FakeClient, LoopThread
@@ -17,6 +19,9 @@ from poolkeeper import (
     close_all,
     process_singleton,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class Stop(BaseException):
@@ -351,20 +356,21 @@ class TestLoopEndsWithTheCloseQueued:
         hand(block)
         assert blocked.wait(WAIT)
         other.loop.call_soon_threadsafe = spy
-        shutter = threading.Thread(target=shutdown)
-        shutter.start()
-        try:
-            assert queued.wait(WAIT)
-        finally:
-            go.set()
-            other.thread.join(WAIT)
-        assert not other.thread.is_alive()
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
+        # Reported by the waiting caller, or at the hand-over's collection,
+        # whichever comes first (a thread started here records here too).
+        with _recorded() as seen:
+            shutter = threading.Thread(target=shutdown)
+            shutter.start()
+            try:
+                assert queued.wait(WAIT)
+            finally:
+                go.set()
+                other.thread.join(WAIT)
+            assert not other.thread.is_alive()
             # The queued hand-over is dropped with the loop's queue.
             other.loop.close()
             gc.collect()
-        shutter.join(WAIT)
+            shutter.join(WAIT)
         assert not shutter.is_alive()
         _reported_once(single, client, seen, "ended before the close ran")
 
@@ -443,10 +449,17 @@ class TestLoopStateChangedMeanwhile:
         _reported_once(single, client, seen, "ended before the close ran")
 
 
-def _close_all_seen() -> list[warnings.WarningMessage]:
-    """close_all(), then a collection; return every warning they gave."""
+@contextlib.contextmanager
+def _recorded() -> Iterator[list[warnings.WarningMessage]]:
+    """Record every warning given here, or in a thread started here."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
+        yield seen
+
+
+def _close_all_seen() -> list[warnings.WarningMessage]:
+    """close_all(), then a collection; return every warning they gave."""
+    with _recorded() as seen:
         close_all()
         gc.collect()
     return seen
@@ -677,3 +690,173 @@ class TestHandOverTakenAfterTheLoopCancelledItsTasks:
         stats = single.statistics()
         assert (1, 0) == (stats.closes, stats.close_failures)
         assert [] == [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+class SlowClient:
+    """An async client whose close takes a while, and says when it began."""
+
+    def __init__(self, began: threading.Event) -> None:
+        self.began = began
+        self.closed_on: list[asyncio.AbstractEventLoop] = []
+
+    async def aclose(self) -> None:
+        self.began.set()
+        await asyncio.sleep(0.05)
+        self.closed_on.append(asyncio.get_running_loop())
+
+
+class TestIdleLoopOfALiveThread:
+    """An idle loop whose thread lives is never run from another thread.
+
+    ``asyncio.run()`` runs its loop in steps, idle between them: a close
+    that ran the loop from another thread in such a gap raced the owner's
+    end (which cancelled the close's task, then could not close a loop
+    another thread was running).
+    """
+
+    @pytest.mark.parametrize("closing", ["close_all", "aclose_all"])
+    def test_a_close_in_asyncio_runs_gap_runs_on_its_thread(
+        self, monkeypatch, closing
+    ):
+        """Held between main's end and its task cancellation: no race.
+
+        The owner is let go as soon as the close is handed to it, or
+        (were the loop run from here) as soon as the close begins.
+        """
+        go = threading.Event()
+        at_gap = threading.Event()
+        cancel_all = asyncio.runners._cancel_all_tasks
+
+        def held(loop):
+            at_gap.set()
+            go.wait(WAIT)
+            cancel_all(loop)
+
+        monkeypatch.setattr(asyncio.runners, "_cancel_all_tasks", held)
+        _signal_hand_over(monkeypatch, go)
+
+        @process_singleton
+        async def single() -> SlowClient:
+            return SlowClient(go)
+
+        box: dict[str, object] = {}
+
+        def owner() -> None:
+            async def main():
+                box["loop"] = asyncio.get_running_loop()
+                box["client"] = await single()
+
+            try:
+                asyncio.run(main())
+            except BaseException as exc:  # Asserted below.
+                box["error"] = exc
+
+        thread = threading.Thread(target=owner)
+        thread.start()
+        try:
+            assert at_gap.wait(WAIT)
+            if closing == "close_all":
+                close_all()
+            else:
+                asyncio.run(aclose_all())
+        finally:
+            go.set()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        assert "error" not in box, box
+        assert box["loop"].is_closed()
+        _closed_once_on(single, box["client"], box["loop"])
+
+    def test_a_close_handed_over_runs_when_its_thread_runs_the_loop(
+        self, monkeypatch
+    ):
+        """A manual loop, idle on a live thread: closed at its next run."""
+        single, client, loop, _ = _close_all_on_a_live_thread(
+            monkeypatch, lambda loop: loop.run_until_complete(asyncio.sleep(0))
+        )
+        _closed_once_on(single, client, loop)
+
+    def test_a_loop_closed_by_its_thread_unrun_reports_the_client(
+        self, monkeypatch
+    ):
+        """Handed to an idle loop its thread then closes: reported, once."""
+        single, client, _, seen = _close_all_on_a_live_thread(
+            monkeypatch, lambda loop: loop.close()
+        )
+        _reported_once(single, client, seen, "ended before the close ran")
+
+    def test_an_idle_loop_whose_thread_ended_is_run_here(self):
+        """Its thread is gone: nothing else can run it, so this does."""
+        single, _ = async_single()
+        loop = asyncio.new_event_loop()
+        box: dict[str, object] = {}
+
+        def owner() -> None:
+            box["client"] = loop.run_until_complete(single())
+
+        thread = threading.Thread(target=owner)
+        thread.start()
+        thread.join(WAIT)
+        assert not thread.is_alive()
+        try:
+            close_all()
+        finally:
+            loop.close()
+        _closed_once_on(single, box["client"], loop)
+
+
+def _closed_once_on(single, client, loop) -> None:
+    """*client* was closed once, on *loop*, and counted so."""
+    assert [loop] == client.closed_on
+    stats = single.statistics()
+    assert (1, 0) == (stats.closes, stats.close_failures)
+
+
+def _signal_hand_over(monkeypatch, handed: threading.Event) -> None:
+    """Set *handed* each time a close is handed to a loop."""
+    hand_over = _close.hand_over
+
+    def handing(*args):
+        try:
+            return hand_over(*args)
+        finally:
+            handed.set()
+
+    monkeypatch.setattr(_close, "hand_over", handing)
+
+
+def _close_all_on_a_live_thread(monkeypatch, then):
+    """close_all() with a client on an idle loop of a live thread.
+
+    That thread built the client on its own loop and waits until the close
+    is handed to it, then calls *then* with its loop. Returns the
+    singleton, the client, the loop (closed) and close_all()'s warnings.
+    """
+    handed = threading.Event()
+    _signal_hand_over(monkeypatch, handed)
+    single, _ = async_single()
+    loop = asyncio.new_event_loop()
+    built = threading.Event()
+    box: dict[str, object] = {}
+
+    def owner() -> None:
+        box["client"] = loop.run_until_complete(single())
+        built.set()
+        if handed.wait(WAIT):
+            then(loop)
+
+    # The owner thread may be the one to report (a thread started here
+    # records here too, on a build whose warning filters are per thread).
+    with _recorded() as seen:
+        thread = threading.Thread(target=owner)
+        thread.start()
+        try:
+            assert built.wait(WAIT)
+            close_all()
+        finally:
+            handed.set()
+            thread.join(WAIT)
+            loop.close()
+        gc.collect()
+    assert not thread.is_alive()
+    return single, box["client"], loop, seen
