@@ -767,7 +767,7 @@ def _run_idle(
 
 
 class _HandOver:
-    """A close handed to a loop that runs on another thread.
+    """A close handed to the loop of another thread (running, or idle).
 
     The close's coroutine is made on that loop, when it runs the hand-over
     (``start``): a loop that ends before that never had one, so no
@@ -776,8 +776,8 @@ class _HandOver:
     close brings back (see ``_carry``) is the future's result; cancelling
     the future cancels the close, as ``asyncio.run_coroutine_threadsafe``
     does, and a cancellation from elsewhere (the loop's end) runs it once
-    more (see :meth:`Closer.aclose`). Nothing here refers back to the
-    hand-over but the loop's queue.
+    more (see :meth:`Closer.aclose`). Only the loop's queue and a caller
+    waiting for it (see ``_result``) hold the hand-over.
     """
 
     __slots__ = ("closer", "future", "record", "task")
