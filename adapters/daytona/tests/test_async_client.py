@@ -172,7 +172,7 @@ class TestSocketIOClosed:
         assert [] == unclosed
         assert wait_for(
             lambda: not daytona_emulator.open_connections("async-sio-closed")
-        )
+        ), daytona_emulator.open_connections("async-sio-closed")
         after = async_daytona_client.statistics()
         ran = after.closes + after.close_failures
         assert before.closes + before.close_failures + self.ROUNDS == ran
