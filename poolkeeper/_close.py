@@ -53,7 +53,7 @@ from poolkeeper import _events as events
 from poolkeeper.exceptions import UnclosedClientWarning
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable, Sequence
 
     from poolkeeper._lifecycle import Lifecycle, Record
 
@@ -86,6 +86,16 @@ class Closer:
         singleton's are its thread's only (see ``_threads.ThreadCloser``).
         """
         return True
+
+    def left_here(self) -> Sequence[Record[Any]]:
+        """The closes left to the calling thread's next call (see fork).
+
+        None for a process singleton, whose closes run where they are
+        decided; a thread singleton's timers leave theirs to the client's
+        thread (``_threads.ThreadCloser``), and a ``fork="keep"`` child
+        still owes those of the thread that forked.
+        """
+        return ()
 
     # -- the hook -----------------------------------------------------------
 

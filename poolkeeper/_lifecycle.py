@@ -145,7 +145,7 @@ from poolkeeper._records import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     #: The change hook, ``arm(client, record, pushed) -> bool`` (see
     #: ``Lifecycle.arm``).
@@ -1520,19 +1520,28 @@ class Lifecycle(Generic[T]):
 
     # -- fork ----------------------------------------------------------------
 
-    def forget_parent(self, *, keep: bool) -> list[Record[Any]]:
+    def forget_parent(
+        self, *, keep: bool, still_owed: Sequence[Record[Any]] = ()
+    ) -> list[Record[Any]]:
         """In a forked child: fresh lock, no builds; abandon unless *keep*.
 
         Takes no lock (another thread of the parent may have held it at the
         fork) and returns the abandoned records, never to be closed. With
         *keep*, the clients of event loops running at the fork are
         abandoned all the same: no thread of the child runs those loops,
-        so nothing could use or close them there.
+        so nothing could use or close them there. The closes owed at the
+        fork were the parent's threads' to run, and are dropped, but for
+        those among *still_owed* (with *keep*): closes left to the forking
+        thread's next call, which the child makes.
         """
         self.lock = threading.RLock()
         self.arm(None, None, self.pushed)
         self.armed = None
-        self.owed = ()  # The parent's to close, never the child's.
+        self.owed = (
+            tuple(r for r in self.owed if any(r is o for o in still_owed))
+            if keep
+            else ()
+        )
         for slot in self.slots.values():
             slot.build = None  # Its builder is a parent thread.
         if keep:

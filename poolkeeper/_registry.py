@@ -326,7 +326,11 @@ def _after_fork_in_child() -> None:
     for entry in list(_entries):
         try:
             keep = entry.keep and entry.closer.keeps_across_fork()
-            inherited = entry.life.forget_parent(keep=keep)
+            # The closes the timers left to the forking thread stay owed:
+            # its next call in the child runs them.
+            inherited = entry.life.forget_parent(
+                keep=keep, still_owed=entry.closer.left_here()
+            )
         except BaseException:  # noqa: BLE001, S112 -- never abort the others.
             continue
         for record in inherited:

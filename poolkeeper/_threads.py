@@ -58,7 +58,7 @@ from poolkeeper.exceptions import PoolLeakWarning
 
 if TYPE_CHECKING:
     import weakref
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     from poolkeeper._lifecycle import Lifecycle, Record
 
@@ -136,6 +136,10 @@ class ThreadCloser(Closer):
         the parent's threads').
         """
         return threading.get_ident() == self.owner
+
+    def left_here(self) -> Sequence[Record[Any]]:
+        """What the timers left to this thread, not yet closed (a list)."""
+        return self.pending
 
     def drain(self) -> None:
         """Close, here, what the timers left to this thread."""
