@@ -84,7 +84,7 @@ def _reconnecting_clients() -> list[Any]:
     return _registry("socketio.base_client", "reconnecting_clients")
 
 
-def _connected_clients() -> list[Any]:
+def connected_clients() -> list[Any]:
     return _registry("engineio.base_client", "connected_clients")
 
 
@@ -148,10 +148,10 @@ def _after_fork(client: object) -> None:
     dispatcher = getattr(client, "_event_dispatcher", None)
     if dispatcher is not None:
         dispatcher._closed = True
-        for sio in _socketio_clients_of(dispatcher):
+        for sio in socketio_clients_of(dispatcher):
             sio.reconnection = False
-            _unlink(_reconnecting_clients(), sio)
-            _unlink(_connected_clients(), getattr(sio, "eio", None))
+            unlink(_reconnecting_clients(), sio)
+            unlink(connected_clients(), getattr(sio, "eio", None))
             # An orphaned client (found in the registries) is not reachable
             # from the Daytona client: its websocket is released here.
             release_sockets(sio)
@@ -317,7 +317,7 @@ def _close_dispatcher(
     # Disconnecting while engine.io is still finishing the background
     # connect can fail inside engine.io: let that thread end first.
     _join(getattr(dispatcher, "_bg_thread", None), deadline)
-    clients = _socketio_clients_of(dispatcher)
+    clients = socketio_clients_of(dispatcher)
     for sio in clients:
         sio.reconnection = False
     disconnect = getattr(dispatcher, "disconnect", None)
@@ -329,7 +329,7 @@ def _close_dispatcher(
     # Rescan: the dispatcher's disconnect may have dropped a client from
     # its own attributes while a reconnect loop still holds it.
     for sio in {
-        id(c): c for c in [*clients, *_socketio_clients_of(dispatcher)]
+        id(c): c for c in [*clients, *socketio_clients_of(dispatcher)]
     }.values():
         with _step("socket.io client stop"):
             _stop_socketio(sio, deadline)
@@ -343,14 +343,14 @@ def _close_dispatcher(
             _join(timer, deadline)
 
 
-def _socketio_clients_of(dispatcher: object) -> list[Any]:
-    """The dispatcher's current and orphaned ``socketio.Client`` objects."""
+def socketio_clients_of(dispatcher: object) -> list[Any]:
+    """The dispatcher's current and orphaned Socket.IO clients (any kind)."""
     found: dict[int, Any] = {}
     current = getattr(dispatcher, "_sio", None)
     if current is not None:
         found[id(current)] = current
     candidates = list(_reconnecting_clients())
-    for eio in list(_connected_clients()):
+    for eio in list(connected_clients()):
         handler = getattr(eio, "handlers", {}).get("connect")
         candidates.append(getattr(handler, "__self__", None))
     for sio in candidates:
@@ -388,11 +388,11 @@ def _stop_socketio(sio: Any, deadline: float) -> None:  # noqa: ANN401
         sio.disconnect()
     if isinstance(task, threading.Thread) and task.is_alive():
         return  # Its own exit path unregisters it; never race that.
-    _unlink(_reconnecting_clients(), sio)
+    unlink(_reconnecting_clients(), sio)
     if getattr(eio, "state", None) == "disconnected":
-        _unlink(_connected_clients(), eio)
+        unlink(connected_clients(), eio)
 
 
-def _unlink(registry: list[Any], item: object) -> None:
+def unlink(registry: list[Any], item: object) -> None:
     with contextlib.suppress(ValueError):
         registry.remove(item)
