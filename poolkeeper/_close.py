@@ -88,7 +88,7 @@ class Closer:
         return True
 
     def left_here(self) -> Sequence[Record[Any]]:
-        """The closes left to the calling thread's next call (see fork).
+        """The closes left to the next call on this closer's thread (fork).
 
         None for a process singleton, whose closes run where they are
         decided; a thread singleton's timers leave theirs to the client's

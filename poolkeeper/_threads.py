@@ -138,7 +138,7 @@ class ThreadCloser(Closer):
         return threading.get_ident() == self.owner
 
     def left_here(self) -> Sequence[Record[Any]]:
-        """What the timers left to this thread, not yet closed (a list)."""
+        """What the timers left to this closer's thread, not yet closed."""
         return self.pending
 
     def drain(self) -> None:
