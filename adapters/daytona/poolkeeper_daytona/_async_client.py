@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Final
 
 from poolkeeper import process_singleton
@@ -81,8 +80,12 @@ async def _stop_socketio(sio: object) -> bool:
     if shutdown is None:
         unrecognised("socketio.AsyncClient.shutdown")
         return False
-    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+    try:
         await asyncio.wait_for(shutdown(), _SHUTDOWN_SECONDS)
+    except (TimeoutError, asyncio.TimeoutError):
+        pass  # What it left open is closed below.
+    except Exception as exc:  # noqa: BLE001 -- logged; the steps below run.
+        log_failure("Shutting down the Socket.IO client failed.", exc)
     await _close_websocket(sio)
     await _end_engineio(getattr(sio, "eio", None))
     return True

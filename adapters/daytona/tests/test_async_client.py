@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import random
 import sys
 import warnings
@@ -239,6 +240,48 @@ class TestClosedAfterTheLoopCancelledItsTasks:
         )
         if sys.version_info >= (3, 11):
             assert before.close_failures == after.close_failures
+
+
+class TestCloseNeverRaises:
+    """aclose_daytona logs a failing step and goes on; it never raises."""
+
+    def test_a_failing_socketio_shutdown(self, daytona_emulator, caplog):
+        """The shutdown raises: logged without its message, rest closed."""
+
+        async def failing() -> None:
+            msg = "secret-token in the message"
+            raise RuntimeError(msg)
+
+        async def main() -> object:
+            client = daytona.AsyncDaytona(
+                daytona.DaytonaConfig(
+                    api_key="shutdown-fails",
+                    api_url=daytona_emulator.api_url,
+                    target="us",
+                )
+            )
+            dispatcher = client._event_dispatcher
+            await dispatcher._connect_task
+            sio = dispatcher._sio
+            sio.shutdown = failing
+            await aclose_daytona(client)
+            return sio.eio
+
+        with caplog.at_level(logging.WARNING, "poolkeeper.daytona"):
+            engine = asyncio.run(main())
+        [record] = [
+            r for r in caplog.records if r.name == "poolkeeper.daytona"
+        ]
+        message = record.getMessage()
+        assert message.startswith(
+            "Shutting down the Socket.IO client failed. (RuntimeError"
+        )
+        assert "secret-token" not in message
+        assert engine not in engineio.base_client.connected_clients
+        assert "disconnected" == engine.state
+        assert wait_for(
+            lambda: not daytona_emulator.open_connections("shutdown-fails")
+        ), daytona_emulator.open_connections("shutdown-fails")
 
 
 class TestClosedWhileConnecting:
