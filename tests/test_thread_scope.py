@@ -14,6 +14,7 @@ from helpers import WAIT, fork_and_check, run_threads, wait_until
 
 import poolkeeper
 from poolkeeper import keys, process_singleton
+from poolkeeper._threads import ThreadCloser
 
 pytestmark = pytest.mark.filterwarnings(
     # Python 3.12+ warns when forking with threads alive; the fork tests
@@ -537,9 +538,23 @@ class TestForkKeep:
         )
         mine = single()
         # Retired by its timer; its close waits for this thread's call.
+        # The retirement is counted before the timer's thread hands the
+        # close to this thread: a fork between the two is not covered (the
+        # child drops that close), so the fork waits for the hand-over.
+        me = threading.get_ident()
+
+        def handed_over() -> bool:
+            return any(
+                r.client is mine
+                for c in gc.get_objects()
+                if isinstance(c, ThreadCloser) and c.owner == me
+                for r in c.left_here()
+            )
+
         assert wait_until(
             lambda: single.statistics().retirements["max_age"] == 1
         )
+        assert wait_until(handed_over)
         assert not mine.closed
 
         def child():
