@@ -88,13 +88,24 @@ class Closer:
         return True
 
     def left_here(self) -> Sequence[Record[Any]]:
-        """The closes left to the next call on this closer's thread (fork).
+        """The closes left to the next call on this closer's thread.
 
         None for a process singleton, whose closes run where they are
         decided; a thread singleton's timers leave theirs to the client's
-        thread (``_threads.ThreadCloser``), and a ``fork="keep"`` child
-        still owes those of the thread that forked.
+        thread (``_threads.ThreadCloser``).
         """
+        return ()
+
+    def take_over(self, owed: Sequence[Record[Any]]) -> Sequence[Record[Any]]:
+        """In a ``fork="keep"`` child: which of *owed* the child still runs.
+
+        *owed*: the closes decided and not yet begun at the fork. None for
+        a process singleton: they were its parent's threads' to run (a
+        lease's exit, a timer, ``close_all()``), and no such thread runs in
+        the child. A thread singleton's are all the forking thread's (see
+        ``_threads.ThreadCloser``).
+        """
+        del owed
         return ()
 
     # -- the hook -----------------------------------------------------------

@@ -39,7 +39,10 @@ I5. Owed closes. A close decided here is in ``owed`` until a close claims
     it (``claim``), which is the only way out of ``owed``: a close cut
     short before it began is done later (``close_all()``) and none twice.
 I6. Fork. ``forget_parent`` takes no lock (another thread may have held
-    it at the fork), logs nothing and never raises.
+    it at the fork), logs nothing and never raises. In the child, a close
+    owed at the fork is a parent thread's to run: it leaves ``owed`` and
+    its client is abandoned, but for a thread singleton's closes owed by
+    the forking thread, with ``fork="keep"`` (I5 holds for those).
 
 Lock-free decisions are this module's, as named queries (``override``,
 ``owed_besides``, ``holds_on``, ``holders``, ``ended_slots``,
@@ -1530,18 +1533,21 @@ class Lifecycle(Generic[T]):
         *keep*, the clients of event loops running at the fork are
         abandoned all the same: no thread of the child runs those loops,
         so nothing could use or close them there. The closes owed at the
-        fork were the parent's threads' to run, and are dropped, but for
-        those among *still_owed* (with *keep*): closes left to the forking
-        thread's next call, which the child makes.
+        fork were the parent's threads' to run: they are dropped and their
+        clients abandoned too, but for those among *still_owed* (with
+        *keep*): a thread singleton's closes, left to the forking thread's
+        next call, which the child makes.
         """
         self.lock = threading.RLock()
         self.arm(None, None, self.pushed)
         self.armed = None
+        owed = self.owed
         self.owed = (
-            tuple(r for r in self.owed if any(r is o for o in still_owed))
+            tuple(r for r in owed if any(r is o for o in still_owed))
             if keep
             else ()
         )
+        dropped = [r for r in owed if all(r is not o for o in self.owed)]
         for slot in self.slots.values():
             slot.build = None  # Its builder is a parent thread.
         if keep:
@@ -1571,7 +1577,17 @@ class Lifecycle(Generic[T]):
             # retirement and a probe are dropped with them, and the backoff
             # starts afresh.
             slot.deferred, slot.spacing, slot.probe = None, 0.0, None
-        return self._abandon(slots)
+        abandoned = self._abandon(slots)
+        # A dropped close's client is abandoned too (no slot holds it any
+        # more), but for one still held here under another record.
+        held = [r.client for r in self._holders()]
+        for record in dropped:
+            if record.is_closed() and all(
+                c is not record.client for c in held
+            ):
+                record.open, record.state = False, ClientState.ABANDONED
+                abandoned.append(record)
+        return abandoned
 
     def _abandon(self, slots: list[Slot]) -> list[Record[Any]]:
         """Abandon every record of *slots*, in a forked child; drop them.

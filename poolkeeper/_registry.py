@@ -326,10 +326,13 @@ def _after_fork_in_child() -> None:
     for entry in list(_entries):
         try:
             keep = entry.keep and entry.closer.keeps_across_fork()
-            # The closes the timers left to the forking thread stay owed:
-            # its next call in the child runs them.
+            # A thread singleton's closes owed by the forking thread stay
+            # owed: its next call in the child runs them.
+            still_owed = (
+                entry.closer.take_over(entry.life.owed) if keep else ()
+            )
             inherited = entry.life.forget_parent(
-                keep=keep, still_owed=entry.closer.left_here()
+                keep=keep, still_owed=still_owed
             )
         except BaseException:  # noqa: BLE001, S112 -- never abort the others.
             continue

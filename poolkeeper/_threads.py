@@ -141,6 +141,18 @@ class ThreadCloser(Closer):
         """What the timers left to this closer's thread, not yet closed."""
         return self.pending
 
+    def take_over(self, owed: Sequence[Record[Any]]) -> Sequence[Record[Any]]:
+        """In a ``fork="keep"`` child of this thread: it runs all of *owed*.
+
+        Every close this thread's singleton owed at the fork is its own to
+        run in the child: the timers' threads are gone, and with them the
+        closes they had decided but not yet handed over (a fork between
+        a retirement and its hand-over), so those are left to this
+        thread's next call too, with the ones already handed over.
+        """
+        self.pending = list(owed)
+        return self.pending
+
     def drain(self) -> None:
         """Close, here, what the timers left to this thread."""
         while self.pending:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import sys
@@ -10,8 +12,12 @@ import sysconfig
 import threading
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 WAIT = 30.0  # Upper bound, in seconds, on every wait in the tests.
 
@@ -163,6 +169,37 @@ def _fresh_streams() -> None:
             if isinstance(handler, logging.StreamHandler):
                 handler.stream = fresh(handler.stream)
     sys.stdout, sys.stderr = fresh(sys.stdout), fresh(sys.stderr)
+
+
+@contextlib.contextmanager
+def held_in_retirement(name: str, reason: str) -> Iterator[threading.Event]:
+    """Hold the thread retiring singleton *name*'s client for *reason*.
+
+    poolkeeper logs a retirement after deciding it and before closing the
+    client: a handler on the "poolkeeper" logger holds that thread in its
+    log line (this process only, bounded by WAIT) until the block exits.
+    Other singletons' retirements (another test's, still ageing) pass.
+    Yields the event set once a thread is held.
+    """
+    parent = os.getpid()
+    held, released = threading.Event(), threading.Event()
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said = getattr(record, "poolkeeper_reason", None)
+            whose = getattr(record, "poolkeeper_singleton", None)
+            if (whose, said) == (name, reason) and os.getpid() == parent:
+                held.set()
+                released.wait(WAIT)
+
+    hold = Hold()
+    logger = logging.getLogger("poolkeeper")
+    logger.addHandler(hold)
+    try:
+        yield held
+    finally:
+        released.set()
+        logger.removeHandler(hold)
 
 
 def fork_and_check(child) -> int:

@@ -5,10 +5,18 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 
 import pytest
-from helpers import WAIT, Factory, FakeClient, fork_and_check
+from helpers import (
+    WAIT,
+    Factory,
+    FakeClient,
+    fork_and_check,
+    held_in_retirement,
+    wait_until,
+)
 
 from poolkeeper import keys, process_singleton
 
@@ -124,6 +132,44 @@ class TestAfterFork:
             )
 
         assert 0 == fork_and_check(child)
+
+    @pytest.mark.parametrize("fork", ["rebuild", "keep"])
+    def test_after_fork_receives_a_client_whose_close_was_owed(self, fork):
+        """Forked after the timer retired the client, before it closed it.
+
+        The timer's thread says the retirement (its log line) between the
+        two: a handler there holds it until the fork is made. The close
+        was the parent's timer's to run; the child abandons the client
+        (after_fork called on it), never closes it, and owes no close.
+        """
+        seen: list[FakeClient] = []
+        name = f"owed-at-fork-{fork}"
+        single = process_singleton(
+            max_age=0.05, fork=fork, after_fork=seen.append, name=name
+        )(Factory())
+        parent = os.getpid()
+
+        def child():
+            from poolkeeper import close_all
+
+            fresh = single()
+            abandoned = [parent_client] == seen
+            owed = single.statistics().pending_close
+            close_all()
+            if not abandoned or owed or parent_client.closed:
+                print(f"after_fork saw {seen}, {owed} owed", file=sys.stderr)
+                return False
+            return fresh is not parent_client and fresh.closed
+
+        with held_in_retirement(name, "max_age") as held:
+            parent_client = single()
+            assert held.wait(WAIT)
+            assert not parent_client.closed
+            code = fork_and_check(child)
+        assert code == 0
+        assert [] == seen
+        assert single() is not parent_client
+        assert wait_until(lambda: parent_client.closes == [parent])
 
 
 class TestForkDuringBuild:

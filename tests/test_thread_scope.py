@@ -10,7 +10,13 @@ import threading
 import time
 
 import pytest
-from helpers import WAIT, fork_and_check, run_threads, wait_until
+from helpers import (
+    WAIT,
+    fork_and_check,
+    held_in_retirement,
+    run_threads,
+    wait_until,
+)
 
 import poolkeeper
 from poolkeeper import keys, process_singleton
@@ -442,6 +448,21 @@ class TestFork:
             assert 0 == fork_and_check(child)
 
 
+def closed_in_child(single, mine: Client, fork: str) -> bool:
+    """In a forked child: whether *mine*, retired in the parent, is closed.
+
+    fork="keep": at the child's next call, on this thread, once;
+    fork="rebuild": never. close_all() closes the child's own client.
+    """
+    fresh = single()
+    closes = [(os.getpid(), mine.thread)] if fork == "keep" else []
+    if fresh is mine or mine.closes != closes:
+        print(f"kept {mine.closes}, want {closes}", file=sys.stderr)
+        return False
+    poolkeeper.close_all()
+    return mine.closes == closes and fresh.closed
+
+
 class TestForkKeep:
     """fork="keep": the child keeps the forking thread's client only."""
 
@@ -538,9 +559,35 @@ class TestForkKeep:
         )
         mine = single()
         # Retired by its timer; its close waits for this thread's call.
-        # The retirement is counted before the timer's thread hands the
-        # close to this thread: a fork between the two is not covered (the
-        # child drops that close), so the fork waits for the hand-over.
+        # The fork may land before or after the timer's thread handed the
+        # close to this thread (the next test forks between the two).
+        assert wait_until(
+            lambda: single.statistics().retirements["max_age"] == 1
+        )
+        assert not mine.closed
+
+        child = functools.partial(closed_in_child, single, mine, fork)
+
+        assert 0 == fork_and_check(child)
+        assert not mine.closed
+        assert single() is not mine
+        assert closed_on_own_thread([mine])
+
+    @pytest.mark.parametrize("fork", ["keep", "rebuild"])
+    def test_a_fork_between_a_retirement_and_its_hand_over(self, fork):
+        """Forked after the timer retired the client, before it handed over.
+
+        The timer's thread says the retirement (its log line) after the
+        retirement and before it hands the close to this thread: a handler
+        there holds it until the fork is made. fork="keep": the child's
+        next call closes the client all the same, once, on this thread;
+        fork="rebuild": never in the child. The parent closes it at its own
+        next call.
+        """
+        name = f"handed-over-at-fork-{fork}"
+        single = process_singleton(
+            scope="thread", fork=fork, max_age=0.05, name=name
+        )(Made())
         me = threading.get_ident()
 
         def handed_over() -> bool:
@@ -551,22 +598,17 @@ class TestForkKeep:
                 for r in c.left_here()
             )
 
-        assert wait_until(
-            lambda: single.statistics().retirements["max_age"] == 1
-        )
+        with held_in_retirement(name, "max_age") as held:
+            mine = single()
+            assert held.wait(WAIT)
+            # In the window: retired, its close not handed over yet.
+            assert single.statistics().retirements["max_age"] == 1
+            assert not handed_over()
+            code = fork_and_check(
+                functools.partial(closed_in_child, single, mine, fork)
+            )
+        assert code == 0
         assert wait_until(handed_over)
-        assert not mine.closed
-
-        def child():
-            fresh = single()
-            closes = [(os.getpid(), mine.thread)] if fork == "keep" else []
-            if fresh is mine or mine.closes != closes:
-                print(f"kept {mine.closes}, want {closes}", file=sys.stderr)
-                return False
-            poolkeeper.close_all()
-            return mine.closes == closes and fresh.closed
-
-        assert 0 == fork_and_check(child)
         assert not mine.closed
         assert single() is not mine
         assert closed_on_own_thread([mine])
