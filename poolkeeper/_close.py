@@ -296,7 +296,12 @@ class Closer:
             f"{record.generation}): {reason}" + (f"; {hint}." if hint else ".")
         )
         self._failure(record, message, None, counted=count)
-        warnings.warn(message, UnclosedClientWarning, stacklevel=_user_level())
+        # The user's filters may make it an error: a close never raises,
+        # and this one is counted and logged already.
+        with contextlib.suppress(UnclosedClientWarning):
+            warnings.warn(
+                message, UnclosedClientWarning, stacklevel=_user_level()
+            )
 
 
 def _uncancel() -> None:

@@ -147,6 +147,9 @@ class UnclosedClientWarning(PoolkeeperWarning):
     loop ended without closing it. It is shown by Python's default warning
     filters (it is not a :class:`ResourceWarning`, which they hide), and
     the same message is logged at WARNING on the ``poolkeeper`` logger.
+    A warnings filter that makes it an error does not make a close raise:
+    the client is counted once in ``close_failures`` and logged, as with
+    any filter.
 
     .. versionadded:: 0.1
     """

@@ -234,6 +234,36 @@ class TestLoops:
         assert [] == client.closed_on
         assert 1 == single.statistics().close_failures
 
+    def test_an_error_filter_still_counts_the_unclosed_client_once(
+        self, caplog
+    ):
+        """With the warning made an error, close_all() still never raises.
+
+        The client is counted once and logged once: the warning's error
+        is not taken for a close that failed as well.
+        """
+        single, _ = make()
+        loop = asyncio.new_event_loop()
+        client = loop.run_until_complete(single())
+        loop.close()
+
+        with (
+            warnings.catch_warnings(),
+            caplog.at_level(logging.DEBUG, logger="poolkeeper"),
+        ):
+            warnings.simplefilter("error", UnclosedClientWarning)
+            close_all()
+        assert [] == client.closed_on
+        stats = single.statistics()
+        assert (0, 1) == (stats.closes, stats.close_failures)
+        failed = [
+            r.getMessage()
+            for r in caplog.records
+            if getattr(r, "poolkeeper_event", None) == "close_failed"
+        ]
+        assert len(failed) == 1, failed
+        assert "loop is closed" in failed[0]
+
     def test_close_all_closes_on_a_loop_running_elsewhere(self):
         """close_all() from another thread closes on the client's loop."""
         single, _ = make()
