@@ -230,9 +230,12 @@ def _next() -> Timer | None:
                 deadline, _, timer = _heap[0]
                 now = time.monotonic()
                 if deadline <= now:
+                    # Running first, then off the heap: a fork between two
+                    # lines (by another thread) finds it in one or both,
+                    # and the child's timers keep it (after_fork_in_child).
+                    _running.add(timer)
                     heapq.heappop(_heap)
                     timer._state = _RUNNING
-                    _running.add(timer)
                     return timer
                 _lock.wait(deadline - now)
     finally:
@@ -287,7 +290,8 @@ def after_fork_in_child() -> None:
     _lock = threading.Condition(_mutex)
     _thread = None
     timers = [t for _, _, t in _heap if t._state == _PENDING]
-    timers.extend(_running)
+    # Taken from the heap, or being taken (in both): once each.
+    timers.extend(t for t in _running if all(t is not o for o in timers))
     for timer in timers:
         timer._state = _PENDING
         timer._ended = threading.Event()
