@@ -23,7 +23,9 @@ alike, with no lock held:
 
 Timers are entries of the process's one scheduler (``_timers``), holding
 the lifecycle, its closer and the slot, never the singleton; a forked
-child drops or resumes them (``_timers.resume``). A timer's or a probe's
+child drops or resumes them (``_timers.resume``), and a ``fork="keep"``
+child starts those a parent thread was about to start (:func:`rearm`).
+A timer's or a probe's
 retirement closes a sync client on the thread that decided it and an
 async one on its own loop (``close_soon``): no caller waits for it.
 """
@@ -37,6 +39,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from poolkeeper import _events as events
+from poolkeeper import _timers as timers
 from poolkeeper._close import close_soon, run_each
 from poolkeeper._lease import loosen
 from poolkeeper._timers import Timer
@@ -60,6 +63,7 @@ __all__ = [
     "give_back",
     "matcher",
     "monotonic",
+    "rearm",
     "run_probe",
     "schedule",
     "start_timers",
@@ -339,6 +343,73 @@ def _next_probe(life: Lifecycle[Any], record: Record[Any], count: int) -> None:
         )
         if record.is_closed():
             record.cancel_timers()  # Closed meanwhile, as start_timers.
+
+
+def rearm(life: Lifecycle[Any], closer: Closer) -> None:
+    """In a ``fork="keep"`` child: start the kept clients' missing timers.
+
+    A timer that another thread of the parent was about to start at the
+    fork is not among the child's (``_timers.resume``): a build's
+    *max_age* and first probe, a deferral's, the next probe's. Without it
+    the kept client would never age out, be probed or see its deferred
+    retirement there (a deferral pending stands: no later one starts a
+    timer). Each missing one starts here, due when the parent's would
+    have been (the next probe a full *check_every* from now). Called by
+    the runtime's fork hook after ``_timers.resume``; takes no lock of the
+    lifecycle (the child has one thread).
+    """
+    alive = timers.alive()
+    now = time.monotonic()
+    for slot in list(life.slots.values()):
+        record = slot.live
+        if record is None:
+            continue
+        sequence = record.sequence
+        here = [t for t in alive if t.owner is slot]
+        if life.max_age is not None and not _has(here, age_due, -1, sequence):
+            left = record.built_at + age_limit(life.max_age) - now
+            record.timers["age"] = Timer(
+                left, age_due, life, closer, slot, sequence, owner=slot
+            )
+        if (
+            life.check_every is not None
+            and slot.probe is None
+            and not _has(here, life.due, 1, sequence)
+        ):
+            record.timers["probe"] = Timer(
+                life.check_every,
+                life.due,
+                slot,
+                sequence,
+                record.probes,
+                inline=True,
+                owner=slot,
+            )
+        deferred = slot.deferred
+        if (
+            deferred is not None
+            and deferred.sequence == sequence
+            and not _has(here, deferral_due, -1, sequence)
+        ):
+            Timer(
+                deferred.due - now,
+                deferral_due,
+                life,
+                closer,
+                slot,
+                sequence,
+                owner=slot,
+            )
+
+
+def _has(found: list[Timer], function: object, at: int, sequence: int) -> bool:
+    """Whether one of *found* calls *function* for record *sequence*.
+
+    *at*: where the sequence is among the timer's arguments.
+    """
+    return any(
+        t.function == function and t.args[at] == sequence for t in found
+    )
 
 
 def matcher(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextlib
 import functools
 import os
 import threading
@@ -27,6 +28,7 @@ from poolkeeper import (
     _environ,
     _events,
     _filekeys,
+    _healing,
     _timers,
 )
 from poolkeeper._close import (
@@ -323,6 +325,7 @@ def _after_fork_in_child() -> None:
     _timers.after_fork_in_child()
     _dependents.after_fork_in_child()
     _builds.forget()
+    kept: list[Entry] = []
     for entry in list(_entries):
         try:
             keep = entry.keep and entry.closer.keeps_across_fork()
@@ -336,10 +339,17 @@ def _after_fork_in_child() -> None:
             )
         except BaseException:  # noqa: BLE001, S112 -- never abort the others.
             continue
+        if keep:
+            kept.append(entry)
         for record in inherited:
             _abandon(entry, record)
     # The timers of the clients kept (fork="keep") stay due; the others go.
     _timers.resume(_kept)
+    # And those a parent thread was about to start for a kept client start
+    # here.
+    for entry in kept:
+        with contextlib.suppress(BaseException):
+            _healing.rearm(entry.life, entry.closer)
 
 
 def _kept(timer: _timers.Timer) -> bool:

@@ -172,34 +172,43 @@ def _fresh_streams() -> None:
 
 
 @contextlib.contextmanager
-def held_in_retirement(name: str, reason: str) -> Iterator[threading.Event]:
+def held_in_retirement(
+    name: str, reason: str, event: str = "retired"
+) -> Iterator[threading.Event]:
     """Hold the thread retiring singleton *name*'s client for *reason*.
 
-    poolkeeper logs a retirement after deciding it and before closing the
-    client: a handler on the "poolkeeper" logger holds that thread in its
-    log line (this process only, bounded by WAIT) until the block exits.
-    Other singletons' retirements (another test's, still ageing) pass.
-    Yields the event set once a thread is held.
+    poolkeeper logs a retirement (*event* "retired"), or its deferral
+    ("deferred"), after deciding it and before closing the client or
+    starting the deferral's timer: a handler on the "poolkeeper" logger
+    holds that thread in its log line (this process only, bounded by WAIT)
+    until the block exits. Other singletons' events (another test's, still
+    ageing) pass. Yields the event set once a thread is held.
     """
     parent = os.getpid()
     held, released = threading.Event(), threading.Event()
+    wanted = (name, event, reason)
 
     class Hold(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            said = getattr(record, "poolkeeper_reason", None)
-            whose = getattr(record, "poolkeeper_singleton", None)
-            if (whose, said) == (name, reason) and os.getpid() == parent:
+            said = tuple(
+                getattr(record, f"poolkeeper_{field}", None)
+                for field in ("singleton", "event", "reason")
+            )
+            if said == wanted and os.getpid() == parent:
                 held.set()
                 released.wait(WAIT)
 
     hold = Hold()
     logger = logging.getLogger("poolkeeper")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
     logger.addHandler(hold)
     try:
         yield held
     finally:
         released.set()
         logger.removeHandler(hold)
+        logger.setLevel(level)
 
 
 def fork_and_check(child) -> int:

@@ -20,12 +20,18 @@ import threading
 import types
 
 import pytest
-from attack import _ours, _where
-from helpers import WAIT, Factory, fork_and_check, wait_until
+from attack import _ours, _where, join, run
+from helpers import (
+    WAIT,
+    Factory,
+    fork_and_check,
+    held_in_retirement,
+    wait_until,
+)
 from test_thread_scope import Made, closed_on_own_thread
 
 import poolkeeper
-from poolkeeper import _healing, _timers, process_singleton
+from poolkeeper import _healing, _sync, _timers, process_singleton
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()"),
@@ -95,22 +101,100 @@ class TestATimerTakenAtTheFork:
         )
         monkeypatch.setattr(_timers, "_running", Running(_timers._running))
 
-        def child() -> bool:
-            aged = wait_until(lambda: single() is not mine)
-            if not aged or mine.closes != [os.getpid()]:
-                print(f"aged {aged}, closes {mine.closes}", file=sys.stderr)
-                return False
-            return True
-
         try:
             mine = single()
             assert taken.wait(WAIT)
-            code = fork_and_check(child)
+            code = fork_and_check(functools.partial(_aged_out, single, mine))
         finally:
             forked.set()
         assert code == 0
         assert wait_until(lambda: single() is not mine)
         assert wait_until(lambda: mine.closes == [parent])
+
+
+def _aged_out(single, kept) -> bool:
+    """In a fork="keep" child: *kept* is retired and closed here, once."""
+    done = wait_until(lambda: single() is not kept)
+    if not done or kept.closes != [os.getpid()]:
+        print(f"retired {done}, closes {kept.closes}", file=sys.stderr)
+        return False
+    return True
+
+
+class TestATimerAboutToStart:
+    """Another thread of the parent was about to start a kept client's timer.
+
+    The child starts it (``_healing.rearm``): before, the kept client
+    never aged out, was never probed, or never saw its deferred
+    retirement there.
+    """
+
+    @pytest.mark.parametrize("timer", ["max_age", "check"])
+    def test_a_build_on_another_thread(self, monkeypatch, timer):
+        """Forked once the build made its client live, before its timers."""
+        probed: list[int] = []
+
+        def check(client) -> bool:
+            probed.append(os.getpid())
+            return True
+
+        options = (
+            {"max_age": 0.05}
+            if timer == "max_age"
+            else {"check": check, "check_every": 0.05}
+        )
+        single = process_singleton(fork="keep", **options)(Factory())
+        built, forked = threading.Event(), threading.Event()
+        start_timers = _sync.start_timers
+
+        parent = os.getpid()
+
+        def held(*args) -> None:
+            if os.getpid() == parent and not built.is_set():
+                built.set()
+                forked.wait(WAIT)
+            start_timers(*args)
+
+        monkeypatch.setattr(_sync, "start_timers", held)
+
+        def child() -> bool:
+            kept = single()
+            if timer == "max_age":
+                return _aged_out(single, kept)
+            ok = wait_until(lambda: single() is kept and os.getpid() in probed)
+            if not ok:
+                print(f"probes {probed}", file=sys.stderr)
+            return ok
+
+        builder, box = run(single)
+        try:
+            assert built.wait(WAIT)
+            code = fork_and_check(child)
+        finally:
+            forked.set()
+            join(builder)
+        assert code == 0
+        if timer == "max_age":
+            assert wait_until(lambda: single() is not box[0])
+        else:  # Due, then run by a call.
+            assert wait_until(lambda: single() is box[0] and parent in probed)
+
+    def test_a_deferred_retirement(self):
+        """Forked once a reset was deferred, before its timer started."""
+        name = "deferred-at-fork"
+        single = process_singleton(
+            fork="keep", min_rebuild_interval=0.2, name=name
+        )(Factory())
+        kept = single()
+
+        with held_in_retirement(name, "reset", "deferred") as held:
+            resetter, box = run(single.reset)
+            assert held.wait(WAIT)
+            code = fork_and_check(functools.partial(_aged_out, single, kept))
+        join(resetter)
+        assert [False] == box
+        assert code == 0
+        assert wait_until(lambda: single() is not kept)
 
 
 class PauseAt:
